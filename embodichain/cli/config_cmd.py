@@ -1,0 +1,30 @@
+"""`validate-config`: check a recipe without running or writing anything (R-CFG-5)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors
+
+
+def validate_config(
+    config: Annotated[Path, typer.Argument(help="Recipe YAML file.", dir_okay=False)],
+    overrides: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP,
+                                                        metavar="KEY=VALUE")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+) -> None:
+    """Validate a recipe: framework and factory schema, factory, data paths. Exit 0 or 2."""
+    with reported_errors(debug):
+        from embodichain.cli.train_cmd import print_recipe
+        from embodichain.core.config import load_recipe
+
+        recipe = load_recipe(config, overrides or [])
+        print_recipe(recipe.resolved)
+        typer.echo(f"{config}: valid (factory {recipe.config.factory})", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate-config")(validate_config)

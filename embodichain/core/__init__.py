@@ -1,0 +1,1 @@
+"""The common supervised-learning parts. Import submodules directly; this package imports nothing."""

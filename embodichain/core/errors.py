@@ -1,0 +1,50 @@
+"""Error types with their exit codes (SPEC §9): 2 for bad input or a refusal, 1 for a failure."""
+
+from __future__ import annotations
+
+
+class EmbodichainError(Exception):
+    """Base class: a message meant for the user, printed as one paragraph without a traceback."""
+
+    exit_code = 1
+
+
+class UsageError(EmbodichainError):
+    """Bad usage, bad recipe, refused output directory or refused resume (exit 2)."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """A recipe that does not validate; carries every problem found."""
+
+    def __init__(self, problems: list[str], source: str | None = None) -> None:
+        self.problems = list(problems)
+        self.source = source
+        where = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            text = f"invalid recipe {where}{self.problems[0]}"
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            text = f"invalid recipe {where}{len(self.problems)} problems:\n{lines}"
+        super().__init__(text)
+
+
+class RefusedError(UsageError):
+    """A command refused before doing anything (used output dir, incompatible resume...)."""
+
+
+class CheckpointError(UsageError):
+    """A checkpoint that cannot be used: corrupt, unsafe, or of an unknown format."""
+
+
+class CheckpointCorruptError(CheckpointError):
+    """The file is truncated, damaged or does not match its own digest."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The file would need arbitrary unpickling (code execution) to load."""
+
+
+class TrainingError(EmbodichainError):
+    """A failure during training, e.g. a save that failed on rank 0 (exit 1)."""

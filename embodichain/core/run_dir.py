@@ -1,0 +1,193 @@
+"""The run directory: exclusive claim, run.json identity and metrics.jsonl (R-RUN-1..3).
+
+Only global rank 0 touches the directory.
+
+Torn-line policy for metrics.jsonl: a crash can leave a final line without its newline.
+Readers ignore such a line (and warn); resuming in place first moves the fragment into
+`metrics.torn.jsonl` and records that in run.json, so nothing is lost or silently dropped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from embodichain.core.errors import RefusedError
+
+RUN_JSON = "run.json"
+METRICS = "metrics.jsonl"
+TORN_METRICS = "metrics.torn.jsonl"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex
+
+
+def artifacts_in(directory: Path) -> list[str]:
+    """Names that make a directory 'used': run.json, metrics.jsonl, any *.pt."""
+    if not directory.is_dir():
+        return []
+    names = [n for n in (RUN_JSON, METRICS) if (directory / n).exists()]
+    names += sorted(p.name for p in directory.glob("*.pt"))
+    return names
+
+
+def require_fresh(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise RefusedError(f"trainer.output_dir {directory} exists and is not a directory")
+    found = artifacts_in(directory)
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        raise RefusedError(
+            f"trainer.output_dir {directory} already holds a run ({shown}); a fresh run needs "
+            f"an artifact-free directory. Choose another one, e.g. "
+            f"--set trainer.output_dir={directory}_2, or continue that run with "
+            f"`embodichain resume {directory}`. Nothing was changed."
+        )
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def claim(directory: Path, identity: dict[str, Any]) -> None:
+    """Create `run.json` exclusively: of two launches racing for a directory, one wins.
+
+    The complete file is written under a temporary name and hard-linked into place; a link
+    never replaces an existing name, so the claim is atomic and run.json is never partial.
+    """
+    require_fresh(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{RUN_JSON}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(identity, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, directory / RUN_JSON)
+        except FileExistsError:
+            raise RefusedError(
+                f"trainer.output_dir {directory} was claimed by another run at the same time "
+                "(run.json appeared); nothing was changed"
+            ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_run_json(directory: Path) -> dict[str, Any] | None:
+    path = directory / RUN_JSON
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RefusedError(f"{path} is unreadable ({exc}); it cannot be resumed in place") \
+            from None
+
+
+def update_run_json(directory: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    data = read_run_json(directory) or {}
+    change(data)
+    write_json_atomic(directory / RUN_JSON, data)
+
+
+@dataclass
+class MetricsLog:
+    """What metrics.jsonl holds: complete records, plus a torn last line if any."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    torn: str | None = None
+    bad_lines: list[int] = field(default_factory=list)
+
+    @property
+    def last_step(self) -> int | None:
+        steps = [r["step"] for r in self.records if isinstance(r.get("step"), int)]
+        return max(steps) if steps else None
+
+
+def read_metrics(path: Path) -> MetricsLog:
+    """Read metrics.jsonl without ever failing on a damaged line."""
+    log = MetricsLog()
+    if not path.exists():
+        return log
+    data = path.read_bytes()
+    complete, _, tail = data.rpartition(b"\n")
+    if tail:
+        log.torn = tail.decode("utf-8", "replace")
+    lines = complete.split(b"\n") if complete else []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            log.bad_lines.append(number)
+            continue
+        if isinstance(record, dict):
+            log.records.append(record)
+        else:
+            log.bad_lines.append(number)
+    return log
+
+
+def move_torn_tail(directory: Path) -> str | None:
+    """Cut a torn final line off metrics.jsonl into metrics.torn.jsonl; returns the fragment."""
+    path = directory / METRICS
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    complete, newline, tail = data.rpartition(b"\n")
+    if not tail:
+        return None
+    with open(directory / TORN_METRICS, "ab") as side:
+        side.write(tail + b"\n")
+        side.flush()
+        os.fsync(side.fileno())
+    with open(path, "r+b") as f:
+        f.truncate(len(complete) + len(newline))
+        f.flush()
+        os.fsync(f.fileno())
+    return tail.decode("utf-8", "replace")
+
+
+class MetricsWriter:
+    """Appends one JSON object per line, flushed as written, fsynced on `sync()`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file: IO[str] = open(path, "a")  # noqa: SIM115 - lives as long as the run
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._file.flush()
+
+    def write_many(self, records: Iterable[dict[str, Any]]) -> None:
+        for record in records:
+            self.write(record)
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self.sync()
+            self._file.close()

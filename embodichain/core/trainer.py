@@ -1,0 +1,272 @@
+"""SupervisedTrainer: the fit loop, validation on rank 0, and collective checkpointing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from embodichain.core import distributed as dist_utils
+from embodichain.core.callbacks import ValidationCallback
+from embodichain.core.checkpoint import (
+    LAST,
+    make_checkpoint,
+    step_filename,
+    step_files,
+    write_checkpoint,
+)
+from embodichain.core.config import FrameworkConfig
+from embodichain.core.errors import TrainingError
+from embodichain.core.learner import Learner, Precision
+from embodichain.core.objective import Objective
+from embodichain.core.progress import ProgressReporter, log
+from embodichain.core.rank_state import (
+    capture_buffers,
+    capture_rng,
+    preserved_rng,
+    restore_buffers,
+    restore_rng,
+)
+from embodichain.core.run_dir import MetricsWriter
+from embodichain.core.source import ReplacementSampler, Source
+
+Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
+
+
+@dataclass
+class RunContext:
+    """Where a run writes and who it is; `metrics` is set on rank 0 only."""
+
+    directory: Path
+    identity: dict[str, Any]  # run_id, factory, config, config_sha256, source_identity, ...
+    metrics: MetricsWriter | None = None
+
+
+@dataclass
+class CommittedState:
+    """Every rank's state after an update, gathered on rank 0 (None elsewhere)."""
+
+    step: int
+    ranks: dict[int, dict[str, Any]] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SupervisedTrainer:
+    """Samples batches, updates the learner, validates on rank 0 and saves checkpoints.
+
+    A factory builds it from the validated recipe; the framework attaches a run directory
+    and calls `fit()` on every rank.
+    """
+
+    def __init__(
+        self,
+        config: FrameworkConfig,
+        *,
+        model: nn.Module,
+        source: Source,
+        objective: Objective,
+        device: torch.device,
+        evaluate: Evaluate | None = None,
+        callbacks: Sequence[ValidationCallback] = (),
+        precision: Precision = "fp32",
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.source = source
+        self.objective = objective
+        self.evaluate = evaluate
+        self.callbacks = list(callbacks)
+        self.learner = Learner(model, config.optimizer, config.scheduler,
+                               config.trainer.max_updates, device, precision)
+        self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
+                                          config.seed, dist_utils.rank())
+        self.step = 0
+        self.run: RunContext | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._committed: CommittedState | None = None  # set only while validating
+
+    @property
+    def model(self) -> nn.Module:
+        """The unwrapped model."""
+        return self.learner.model
+
+    @property
+    def run_directory(self) -> Path:
+        return self._require_run().directory
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def fit(self, show_progress: bool = True) -> dict[str, float]:
+        """Train to `trainer.max_updates`, validating, logging and saving on schedule."""
+        t = self.config.trainer
+        run = self._require_run()
+        progress = ProgressReporter(t.max_updates, self.step,
+                                    show_progress and dist_utils.is_rank_zero(), t.log_every)
+        saved_at = None
+        try:
+            while self.step < t.max_updates:
+                summary = self.learner.update(self.objective, self._next_batch())
+                self.step += 1
+                if summary["skipped"]:
+                    self._record({"train/skipped": 1})
+                if self.step % t.log_every == 0:
+                    self._log_training(summary, progress)
+                if t.validate_every and self.step % t.validate_every == 0:
+                    self._validate(progress)
+                if t.save_every and self.step % t.save_every == 0:
+                    self.save(run.directory / step_filename(self.step))
+                    saved_at = self.step
+                progress.update(self.step)
+            if saved_at != self.step:
+                self.save(run.directory / LAST)
+        finally:
+            progress.close()
+        return dict(self.last_metrics)
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        batch = self.source.gather(self.sampler.next_indices())
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
+        record = {"train/loss": summary["loss"], "train/weight": summary["weight"]}
+        record.update({f"train/{k}": v for k, v in summary.items()
+                       if k not in ("loss", "weight", "skipped")})
+        record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record["time/updates_per_s"] = progress.rate(self.step)
+        self._record(record)
+        progress.update(self.step, loss=summary["loss"])
+
+    def _record(self, values: Mapping[str, Any]) -> None:
+        self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
+        run = self._require_run()
+        if run.metrics is not None:
+            run.metrics.write({"step": self.step, **values})
+
+    # -- validation --------------------------------------------------------------------
+
+    def _validate(self, progress: ProgressReporter) -> None:
+        """Rank 0 evaluates the unwrapped model; callbacks may `save()` the committed state."""
+        if self.evaluate is None:
+            return
+        self._committed = self._capture_committed()
+        failure = None
+        if dist_utils.is_rank_zero():
+            try:
+                metrics = self._evaluate()
+                self._record(metrics)
+                progress.update(self.step, val_mse=metrics.get("validation/mse"))
+                for callback in self.callbacks:
+                    callback.on_validation(self, metrics)
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                log.exception("validation failed at update %d", self.step)
+        self._committed = None
+        # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
+        failure = dist_utils.broadcast_from_rank_zero(failure)
+        if failure:
+            raise TrainingError(f"validation failed on rank 0 at update {self.step}: {failure}")
+
+    def _evaluate(self) -> dict[str, float]:
+        model = self.learner.model
+        start = time.perf_counter()
+        with preserved_rng(self.device), torch.no_grad():
+            model.eval()
+            try:
+                metrics = {k: float(v) for k, v in self.evaluate(model, self.device).items()}
+            finally:
+                model.train()
+        metrics["time/validation_s"] = time.perf_counter() - start
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint of the current state.
+
+        Collective: every rank must call it, except from a validation callback on rank 0,
+        where it writes the state committed before validation without any collective.
+        """
+        path = Path(path)
+        also_last = path.name.startswith("step_") and path.parent == self.run_directory
+        if self._committed is not None:  # inside a validation callback, rank 0 only
+            self._write(self._committed, path, also_last)
+            return path
+        committed = self._capture_committed()
+        failure = None
+        if dist_utils.is_rank_zero():
+            try:
+                self._write(committed, path, also_last)
+            except OSError as exc:
+                failure = f"{exc.strerror or exc} ({exc.filename or path})"
+        failure = dist_utils.broadcast_from_rank_zero(failure)
+        if failure:
+            raise TrainingError(f"saving checkpoint {path} failed on rank 0: {failure}")
+        return path
+
+    def _capture_committed(self) -> CommittedState:
+        own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
+               "buffers": capture_buffers(self.learner.model)}
+        gathered = dist_utils.gather_to_rank_zero(own)
+        ranks = dict(enumerate(gathered)) if gathered is not None else None
+        return CommittedState(self.step, ranks)
+
+    def _write(self, committed: CommittedState, path: Path, also_last: bool) -> None:
+        run = self._require_run()
+        payload = {
+            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics)},
+            "learner": self.learner.state_dict(),
+            "ranks": committed.ranks,
+            "callbacks": {str(i): cb.state_dict() for i, cb in enumerate(self.callbacks)
+                          if hasattr(cb, "state_dict")},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(make_checkpoint(payload), path,
+                         also_as=path.parent / LAST if also_last else None)
+        if run.metrics is not None:
+            run.metrics.sync()
+        if also_last:
+            self._apply_retention(path.parent)
+
+    def _apply_retention(self, directory: Path) -> None:
+        keep = self.config.trainer.keep_last
+        if keep is None:
+            return
+        for _, old in step_files(directory)[:-keep]:
+            old.unlink(missing_ok=True)
+
+    def restore(self, payload: Mapping[str, Any]) -> None:
+        """Load a verified checkpoint payload; each rank takes its own saved state."""
+        ranks = payload["ranks"]
+        mine = ranks[dist_utils.rank()]
+        self.learner.load_state_dict(payload["learner"])
+        self.sampler.load_state_dict(mine["sampler"])
+        restore_buffers(self.learner.model, mine["buffers"])
+        restore_rng(mine["rng"], self.device)
+        for i, callback in enumerate(self.callbacks):
+            state = payload.get("callbacks", {}).get(str(i))
+            if state is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(state)
+        self.step = int(payload["run"]["step"])
+        self.last_metrics = dict(payload["run"].get("metrics") or {})
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def attach(self, run: RunContext) -> None:
+        self.run = run
+
+    def close(self) -> None:
+        """Release the DDP wrapper and close the metrics file (before the group goes)."""
+        self.learner.release()
+        if self.run is not None and self.run.metrics is not None:
+            self.run.metrics.close()
+
+    def _require_run(self) -> RunContext:
+        if self.run is None:
+            raise RuntimeError("no run directory attached; launch through `embodichain "
+                               "train-sl` or call trainer.attach(...) first")
+        return self.run

@@ -1,0 +1,1 @@
+"""Public entry points of embodichain, grouped by learning paradigm."""

@@ -1,0 +1,1 @@
+"""Factory discovery (entry points) and the built-in `sl_ddp` recipe."""
