@@ -16,6 +16,7 @@ on every load.
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 import os
 import pickle
 import re
@@ -69,21 +70,21 @@ def _feed(h: Any, value: Any) -> None:
         h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    elif isinstance(value, Mapping):
+    elif type(value) in (dict, OrderedDict):  # state_dicts are OrderedDicts
         h.update(f"D{len(value)};".encode())
         for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
             _feed(h, key)
             _feed(h, value[key])
-    elif isinstance(value, list | tuple):
+    elif type(value) in (list, tuple):
         h.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
         for item in value:
             _feed(h, item)
-    elif isinstance(value, str):
+    elif type(value) is str:  # exact types: subclasses (e.g. TorchVersion) need unpickling
         data = value.encode()
         h.update(f"S{len(data)};".encode() + data)
-    elif isinstance(value, bool | int | None):
+    elif value is None or type(value) in (bool, int):
         h.update(f"{type(value).__name__}:{value!r};".encode())
-    elif isinstance(value, float):
+    elif type(value) is float:
         h.update(b"f" + struct.pack("<d", value))
     elif isinstance(value, torch.dtype | torch.device | torch.Size):
         h.update(f"{type(value).__name__}:{value};".encode())

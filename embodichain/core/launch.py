@@ -213,7 +213,7 @@ def _continue_in_place(directory: Path, checkpoint: Path, snapshot: Mapping[str,
 
 
 def versions(recipe: Recipe) -> dict[str, str]:
-    found = {"python": platform.python_version(), "torch": torch.__version__,
+    found = {"python": platform.python_version(), "torch": str(torch.__version__),
              "embodichain": embodichain.__version__}
     module = sys.modules.get(getattr(recipe.factory, "__module__", "") or "")
     top = (module.__name__.split(".")[0] if module else "")

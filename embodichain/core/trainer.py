@@ -203,6 +203,8 @@ class SupervisedTrainer:
                 self._write(committed, path, also_last)
             except OSError as exc:
                 failure = f"{exc.strerror or exc} ({exc.filename or path})"
+            except Exception as exc:  # every rank must hear of it, or the others would hang
+                failure = f"{type(exc).__name__}: {exc}"
         failure = dist_utils.broadcast_from_rank_zero(failure)
         if failure:
             raise TrainingError(f"saving checkpoint {path} failed on rank 0: {failure}")
