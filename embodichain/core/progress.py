@@ -56,6 +56,10 @@ class ProgressReporter:
                                                  status="")
             self._progress.start()
 
+    def elapsed(self) -> float:
+        """Seconds since this fit started (the `time/elapsed_s` metric)."""
+        return time.perf_counter() - self._t0
+
     def rate(self, step: int) -> float:
         elapsed = time.perf_counter() - self._t0
         return (step - self._start) / elapsed if elapsed > 0 else 0.0

@@ -138,6 +138,7 @@ class SupervisedTrainer:
                        if k not in ("loss", "weight", "skipped")})
         record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
         record["time/updates_per_s"] = progress.rate(self.step)
+        record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
         progress.update(self.step, loss=summary["loss"])
 

@@ -1,0 +1,96 @@
+"""Shared helpers and the expensive runs that several tests read (run once per session)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
+TIMEOUT = 300
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """`python -m embodichain ARGS` in one process."""
+    return subprocess.run([sys.executable, "-m", "embodichain", *args], cwd=cwd or REPO,
+                          env=env or worker_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_torchrun(*args: str, nproc: int = 2, cwd: Path | None = None,
+                 env: dict[str, str] | None = None, timeout: float = TIMEOUT,
+                 module: str = "embodichain") -> subprocess.CompletedProcess[str]:
+    """`torchrun --standalone --nproc-per-node=N -m embodichain ARGS` (gloo CPU workers)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+           f"--nproc-per-node={nproc}", "-m", module, *args]
+    return subprocess.run(cmd, cwd=cwd or REPO, env=env or worker_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def write_recipe(path: Path, output_dir: Path, base: Path = CPU_RECIPE, **changes: object
+                 ) -> Path:
+    """A copy of `base` writing to `output_dir`, with dotted-key changes applied."""
+    data = yaml.safe_load(base.read_text())
+    data["trainer"]["output_dir"] = str(output_dir)
+    for dotted, value in changes.items():
+        node = data
+        *parents, leaf = dotted.split("__") if "__" in dotted else dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def snapshot_dir(directory: Path) -> dict[str, bytes]:
+    """Every file's bytes, to assert that a refused command changed nothing."""
+    return {str(p.relative_to(directory)): p.read_bytes()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n" \
+                                 f"stderr:\n{proc.stderr}"
+
+
+@pytest.fixture(scope="session")
+def sl_ddp_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example recipe trained to 200 updates by 2 torchrun workers (shared, read-only)."""
+    root = tmp_path_factory.mktemp("sl_ddp_2w")
+    recipe = write_recipe(root / "cpu.yaml", root / "run")
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress"))
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def sl_ddp_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example recipe trained to 200 updates in one process (shared, read-only)."""
+    root = tmp_path_factory.mktemp("sl_ddp_1p")
+    recipe = write_recipe(root / "cpu.yaml", root / "run")
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+    return root / "run"
+
+
+@pytest.fixture()
+def copy_run(tmp_path: Path):
+    """Copy a shared run directory before a test modifies it."""
+    def copy(src: Path, name: str = "run") -> Path:
+        dst = tmp_path / name
+        shutil.copytree(src, dst)
+        return dst
+    return copy
