@@ -15,12 +15,14 @@ from embodichain.core.config import (
     TrainerConfig,
 )
 from embodichain.core.distributed import distributed_run
+from embodichain.core.errors import ConfigError, UsageError
 from embodichain.core.learner import Learner
 from embodichain.core.objective import LossResult, Objective
 from embodichain.core.source import ReplacementSampler, Source, TensorSource, tensor_digest
 from embodichain.core.trainer import Evaluate, RunContext, SupervisedTrainer
 
 __all__ = [
+    "ConfigError",
     "Evaluate",
     "FrameworkConfig",
     "Learner",
@@ -36,6 +38,7 @@ __all__ = [
     "SupervisedTrainer",
     "TensorSource",
     "TrainerConfig",
+    "UsageError",
     "ValidationCallback",
     "distributed_run",
     "read_checkpoint",
