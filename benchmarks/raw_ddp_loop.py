@@ -13,6 +13,7 @@ per update, the usual way to write it by hand.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import time
@@ -20,9 +21,29 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from embodichain.plugins.sl_ddp import make_corpus, make_model, validation_seed
+
+# The corpus and model of embodichain/plugins/sl_ddp.py, restated so that this baseline
+# imports nothing from embodichain (it would otherwise pay the framework's imports).
+def make_corpus(size: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, 4, generator=g)
+    noise = 0.05 * torch.randn(size, 2, generator=g)
+    y0 = x @ torch.tensor([0.5, -1.0, 0.25, 2.0]) + 0.1
+    y1 = x @ torch.tensor([1.0, 0.5, -0.5, 0.0]) + torch.sin(2.0 * x[:, 1])
+    mask = torch.stack([torch.ones(size), (x[:, 0] > 0).float()], dim=1)
+    return {"x": x, "y": torch.stack([y0, y1], dim=1) + noise, "mask": mask}
+
+
+def validation_seed(seed: int) -> int:
+    digest = hashlib.sha256(f"sl_ddp-validation:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def make_model(hidden: int) -> nn.Module:
+    return nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Linear(hidden, 2))
 
 
 def main() -> None:
