@@ -1,4 +1,4 @@
-"""`list-factories`: every registered recipe factory and whether it imports."""
+"""`list-factories`: every registered recipe factory and whether it imports (R-PLUG-1)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,13 @@ from embodichain.cli.common import DEBUG_HELP, reported_errors
 def list_factories(
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """Show name, target, distribution, version and import status of each factory."""
+    """Show name, target, distribution, version and import status of each factory.
+
+    A plugin that fails to import is listed as broken with the reason; that is not an error.
+    """
     with reported_errors(debug):
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         from embodichain.plugins.discovery import (
@@ -23,14 +27,27 @@ def list_factories(
             registered_factories,
         )
 
+        infos = [check_factory(info) for info in registered_factories()]
+        console = Console()
+        if not infos:
+            console.print(f"No factories registered in entry-point group {ENTRY_POINT_GROUP}.")
+            return
         table = Table(title=f"Recipe factories (entry-point group {ENTRY_POINT_GROUP})")
-        for column in ("name", "target", "distribution", "version", "status"):
-            table.add_column(column)
-        for info in map(check_factory, registered_factories()):
-            status = "[green]ok[/]" if info.error is None else f"[red]broken:[/] {info.error}"
-            table.add_row(info.name, info.target, info.distribution or "-",
-                          info.version or "-", status)
-        Console().print(table)
+        table.add_column("name", no_wrap=True)
+        table.add_column("target", overflow="fold")
+        table.add_column("distribution", overflow="fold")
+        table.add_column("version", no_wrap=True)
+        table.add_column("status", no_wrap=True)
+        for info in infos:
+            status = "[green]ok[/]" if info.error is None else "[red]broken[/]"
+            table.add_row(escape(info.name), escape(info.target),
+                          escape(info.distribution or "-"), escape(info.version or "-"), status)
+        console.print(table)
+        # The reasons go below the table: they are long, and a narrow column mangles them.
+        for info in infos:
+            if info.error is not None:
+                console.print(f"[red]broken:[/] {escape(info.name)}: {escape(info.error)}",
+                              soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

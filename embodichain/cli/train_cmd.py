@@ -51,7 +51,7 @@ def resume_run(
     """Continue an interrupted run in place from its last.pt, with the recipe it stores."""
     with reported_errors(debug):
         from embodichain.core.checkpoint import LAST, read_checkpoint
-        from embodichain.core.config import apply_overrides, validate_recipe
+        from embodichain.core.config import validate_recipe
         from embodichain.core.errors import RefusedError
         from embodichain.core.launch import train
 
@@ -62,8 +62,8 @@ def resume_run(
         data = read_checkpoint(checkpoint)
         raw = data["payload"]["run"]["config"]
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
-        recipe = validate_recipe(apply_overrides(raw, overrides or []),
-                                 source=f"{checkpoint} (stored recipe)")
+        recipe = validate_recipe(raw, source=f"{checkpoint} (stored recipe)",
+                                 overrides=overrides or [])
         train(recipe, resume=checkpoint, checkpoint=data, show_progress=not no_progress)
 
 

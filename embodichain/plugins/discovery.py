@@ -5,6 +5,7 @@ A plugin that fails to import is reported by name and never breaks discovery of 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,22 +36,38 @@ def registered_factories() -> list[FactoryInfo]:
     infos = []
     for ep in importlib_metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist
-        infos.append(FactoryInfo(
-            name=ep.name,
-            target=ep.value,
-            distribution=dist.metadata["Name"] if dist is not None else None,
-            version=dist.version if dist is not None else None,
-        ))
-    return sorted(infos, key=lambda info: info.name)
+        name = version = None
+        if dist is not None:
+            try:  # damaged metadata must not hide the other plugins
+                name, version = dist.metadata["Name"], dist.version
+            except Exception:
+                pass
+        infos.append(FactoryInfo(name=ep.name, target=ep.value, distribution=name,
+                                 version=version))
+    return sorted(infos, key=lambda info: (info.name, info.distribution or ""))
 
 
 def check_factory(info: FactoryInfo) -> FactoryInfo:
-    """The same entry with `error` set if importing its target fails."""
+    """The same entry with `error` set if its target does not import or is not a factory."""
     try:
-        _load_target(info.target, origin=_origin(info))
+        _check_schema(_load_target(info.target, origin=_origin(info)), info.target)
     except FactoryError as exc:
         return FactoryInfo(info.name, info.target, info.distribution, info.version, str(exc))
     return info
+
+
+def _check_schema(factory: Any, target: str) -> None:
+    """A `config_schema`, if any, must be something the recipe validation can use."""
+    import dataclasses
+
+    from pydantic import BaseModel
+
+    schema = getattr(factory, "config_schema", None)
+    if schema is None or dataclasses.is_dataclass(schema) or (
+            isinstance(schema, type) and issubclass(schema, BaseModel)):
+        return
+    raise FactoryError(f"'{target}'.config_schema is {schema!r}; expected a pydantic model or "
+                       "a dataclass type")
 
 
 def resolve_factory(reference: str) -> Callable[..., Any]:
@@ -58,12 +75,16 @@ def resolve_factory(reference: str) -> Callable[..., Any]:
     reference = reference.strip()
     if ":" in reference:
         return _load_target(reference, origin=None)
-    matches = [info for info in registered_factories() if info.name == reference]
+    registered = registered_factories()
+    matches = [info for info in registered if info.name == reference]
     if not matches:
-        known = ", ".join(info.name for info in registered_factories()) or "none"
+        names = sorted({info.name for info in registered})
+        close = difflib.get_close_matches(reference, names, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
         raise FactoryError(
             f"no factory named '{reference}' in entry-point group '{ENTRY_POINT_GROUP}' "
-            f"(registered: {known}); use a registered name or 'module.path:attribute'"
+            f"({hint}registered: {', '.join(names) or 'none'}); use a registered name or "
+            "'module.path:attribute'"
         )
     if len(matches) > 1:
         owners = ", ".join(_origin(m) for m in matches)
@@ -77,19 +98,33 @@ def _origin(info: FactoryInfo) -> str:
     return f"entry point '{info.name}' of distribution {info.distribution} {info.version}"
 
 
+def _distribution_of(module_name: str) -> str | None:
+    """`distribution X.Y` that installs `module_name`'s top-level package, if known."""
+    top = module_name.split(".")[0]
+    try:
+        names = importlib_metadata.packages_distributions().get(top, [])
+        return ", ".join(f"distribution {n} {importlib_metadata.version(n)}" for n in names) \
+            or None
+    except Exception:  # best effort: only used to word an error message
+        return None
+
+
 def _load_target(target: str, origin: str | None) -> Callable[..., Any]:
-    module_name, _, attr_path = target.partition(":")
+    module_name, _, attr_path = target.strip().partition(":")
     where = f" ({origin})" if origin else ""
     if not module_name or not attr_path:
-        raise FactoryError(f"'{target}' is not of the form 'module.path:attribute'")
+        raise FactoryError(f"'{target}' is not of the form 'module.path:attribute'{where}")
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise FactoryError(f"cannot import module '{module_name}'{where}: "
                                f"no module named '{exc.name}'") from None
+        # The module exists but needs something that is not installed.
+        where = where or (f" ({owner})" if (owner := _distribution_of(module_name)) else "")
         raise FactoryError(f"importing '{module_name}'{where} failed: {exc}") from None
-    except Exception as exc:  # a plugin may raise anything on import; report, never crash
+    except (Exception, SystemExit) as exc:  # a plugin may raise anything; never crash
+        where = where or (f" ({owner})" if (owner := _distribution_of(module_name)) else "")
         raise FactoryError(
             f"importing '{module_name}'{where} failed: {type(exc).__name__}: {exc}"
         ) from None

@@ -1,0 +1,63 @@
+"""Helpers shared by the CLI tests.
+
+Plain functions, not fixtures, on purpose: a `tests/cli/conftest.py` would be imported as
+module `conftest` too and shadow the top-level one that test modules import helpers from.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+from typer.testing import CliRunner, Result
+
+from embodichain.cli import app
+
+FAKE_DIST = "fakeplugin"
+FAKE_FACTORY = "fakeplugin"
+DATA_FACTORY = "datafactory_mod:build_supervised_trainer"
+
+
+def invoke(*args: str) -> Result:
+    """Run the CLI in this process (fast: torch and the factories stay imported)."""
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError("CLI raised instead of reporting:\n" + "".join(
+            traceback.format_exception(result.exception)))
+    return result
+
+
+def make_plugins(root: Path) -> Path:
+    """A directory to put on sys.path / PYTHONPATH holding two throwaway plugins.
+
+    - distribution `fakeplugin` 0.1 registers factory `fakeplugin` in entry-point group
+      `embodichain.sl_factories`; its module raises on import;
+    - module `datafactory_mod` (no distribution) is a factory whose schema requires an
+      existing `data.path` file.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    info = root / f"{FAKE_DIST}-0.1.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {FAKE_DIST}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[embodichain.sl_factories]\n{FAKE_FACTORY} = fakeplugin_mod:build_supervised_trainer\n")
+    (root / "fakeplugin_mod.py").write_text(
+        'raise RuntimeError("fakeplugin is broken on purpose")\n')
+    (root / "datafactory_mod.py").write_text(
+        "from pydantic import BaseModel, ConfigDict, FilePath\n\n\n"
+        "class Data(BaseModel):\n"
+        "    model_config = ConfigDict(extra='forbid')\n"
+        "    path: FilePath\n\n\n"
+        "class Schema(BaseModel):\n"
+        "    model_config = ConfigDict(extra='forbid')\n"
+        "    data: Data\n\n\n"
+        "def build_supervised_trainer(config, device):\n"
+        "    raise NotImplementedError\n\n\n"
+        "build_supervised_trainer.config_schema = Schema\n")
+    return root
+
+
+def with_pythonpath(env: dict[str, str], *paths: Path) -> dict[str, str]:
+    parts = [str(p) for p in paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    return {**env, "PYTHONPATH": os.pathsep.join(parts)}

@@ -1,0 +1,162 @@
+"""`inspect-checkpoint` on a real 2-worker checkpoint (R-INSP-1)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from cli_support import invoke
+from conftest import REPO, run_cli, worker_env, write_recipe
+
+PARAMETERS = 4 * 32 + 32 + 32 * 2 + 2  # the 4 -> 32 -> 2 MLP of cpu.yaml
+
+
+@pytest.fixture(scope="module")
+def step_100(sl_ddp_two_workers: Path) -> Path:
+    return sl_ddp_two_workers / "step_100.pt"
+
+
+def test_tables_show_identity_model_optimizer_ranks_and_metrics(step_100: Path) -> None:
+    result = invoke("inspect-checkpoint", str(step_100))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert re.search(r"^step\s+100\s*$", out, re.M), out
+    assert re.search(r"^world size\s+2\s*$", out, re.M), out
+    assert re.search(r"^factory\s+sl_ddp\s*$", out, re.M), out
+    assert "embodichain.checkpoint version 1" in out
+    assert "verified" in out and "matches the stored recipe" in out
+    assert f"parameters  {PARAMETERS} in 4 tensors" in out
+    assert "Adam (recipe: adam)" in out
+    assert re.search(r"^lr\s+0\.001\s*$", out, re.M), out
+    assert "all 2 ranks present" in out
+    assert re.search(r"│\s+0 │ yes .*100 batches", out) and re.search(r"│\s+1 │ yes", out)
+    assert "validation/mse" in out
+    assert "[32, 4]" not in out  # shapes only on request
+    tensors = invoke("inspect-checkpoint", str(step_100), "--tensors").stdout
+    for name, shape in [("0.weight", "[32, 4]"), ("0.bias", "[32]"), ("2.weight", "[2, 32]")]:
+        assert re.search(rf"{re.escape(name)}\s*│ parameter │ {re.escape(shape)}", tensors)
+
+
+def test_json_is_one_plain_document(step_100: Path) -> None:
+    proc = run_cli("inspect-checkpoint", str(step_100), "--json", "--tensors")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout  # no colour codes
+    report = json.loads(proc.stdout)  # exactly one document, nothing else on stdout
+    assert report["step"] == 100 and type(report["step"]) is int
+    assert report["world_size"] == 2 and type(report["world_size"]) is int
+    assert report["format"] == "embodichain.checkpoint" and report["digest_verified"] is True
+    assert report["factory"] == "sl_ddp" and report["config_matches_hash"] is True
+    assert len(report["run_id"]) == 32
+    assert report["source_identity"].startswith("sha256:")
+    assert {"python", "torch", "embodichain"} <= set(report["versions"])
+    model = report["model"]
+    assert model["parameters"] == PARAMETERS and model["bytes"] == 4 * PARAMETERS
+    assert model["dtypes"] == {"float32": PARAMETERS}
+    assert [t["shape"] for t in model["tensors"]] == [[32, 4], [32], [2, 32], [2]]
+    opt = report["optimizer"]
+    assert opt["type"] == "Adam" and opt["step"] == 100
+    assert opt["hyper_parameters"][0]["lr"] == 0.001
+    assert opt["hyper_parameters"][0]["betas"] == [0.9, 0.999]
+    ranks = report["ranks"]
+    assert ranks["complete"] is True and set(ranks["per_rank"]) == {"0", "1"}
+    for state in ranks["per_rank"].values():
+        assert state["torch_rng"] and state["python_rng"] and not state["cuda_rng"]
+        assert state["sampler"]["batches_drawn"] == 100
+    assert "validation/mse" in report["metrics"]
+    assert report["config"]["optimizer"]["lr"] == 0.001
+
+
+def test_config_with_changed_lr_reports_the_difference(step_100: Path, tmp_path: Path) -> None:
+    changed = write_recipe(tmp_path / "lr.yaml", tmp_path / "fresh", **{"optimizer.lr": 0.01})
+    result = invoke("inspect-checkpoint", str(step_100), "--config", str(changed))
+    assert result.exit_code == 0, result.output
+    assert re.search(r"resume from it\? no", result.stdout), result.stdout
+    assert "optimizer.lr: checkpoint 0.001, this run 0.01" in result.stdout
+
+    proc = run_cli("inspect-checkpoint", str(step_100), "--json", "--config", str(changed))
+    check = json.loads(proc.stdout)["resume"]
+    assert check["compatible"] is False
+    assert check["differences"] == ["optimizer.lr: checkpoint 0.001, this run 0.01"]
+
+
+def test_config_that_may_resume(step_100: Path, tmp_path: Path) -> None:
+    # max_updates raised and a fresh output_dir are allowed changes (R-RESUME-2, -3)
+    same = write_recipe(tmp_path / "same.yaml", tmp_path / "fresh",
+                        **{"trainer.max_updates": 400, "trainer.log_every": 5})
+    result = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json")
+    check = json.loads(result.stdout)["resume"]
+    assert check["compatible"] is True, check
+    assert any("--nproc-per-node=2" in c for c in check["conditions"])
+    # ...but not below the checkpoint's step, and not into the run's own (later) history
+    lower = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json",
+                   "--set", "trainer.max_updates=50")
+    assert any("below the checkpoint's update 100" in d
+               for d in json.loads(lower.stdout)["resume"]["differences"])
+    in_place = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json",
+                      "--set", f"trainer.output_dir={step_100.parent}")
+    problems = json.loads(in_place.stdout)["resume"]["problems"]
+    assert any("beyond the checkpoint's update 100" in p for p in problems), problems
+
+
+def test_works_without_the_recipe_code(step_100: Path, tmp_path: Path) -> None:
+    """The factory's module is made unimportable: inspection still works, --config degrades."""
+    changed = write_recipe(tmp_path / "lr.yaml", tmp_path / "fresh", **{"optimizer.lr": 0.01})
+    code = (
+        "import sys\n"
+        "sys.modules['embodichain.plugins.sl_ddp'] = None  # as if not installed\n"
+        "from embodichain.cli import app\n"
+        f"app(['inspect-checkpoint', {str(step_100)!r}, '--json', '--config', "
+        f"{str(changed)!r}])\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["step"] == 100 and report["world_size"] == 2
+    check = report["resume"]
+    assert check["compared"] == "recipe as written" and "cannot be loaded" in check["note"]
+    assert check["compatible"] is False
+    assert "optimizer.lr: checkpoint 0.001, this run 0.01" in check["differences"]
+
+
+def _tensor_byte(path: Path) -> int:
+    """Offset of a byte inside the largest stored tensor (not zip padding or headers)."""
+    with zipfile.ZipFile(path) as archive:
+        info = max(archive.infolist(), key=lambda i: i.file_size)
+    raw = path.read_bytes()
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:
+                                                   info.header_offset + 30])
+    return info.header_offset + 30 + name_len + extra_len + info.compress_size // 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage"])
+def test_damaged_file_is_a_named_error(step_100: Path, tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "damaged.pt"
+    shutil.copy(step_100, path)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[_tensor_byte(path)] ^= 0xFF
+    else:
+        data = bytearray(b"not a checkpoint")
+    path.write_bytes(bytes(data))
+    result = invoke("inspect-checkpoint", str(path))
+    assert result.exit_code == 2, result.output
+    assert "corrupt" in result.stderr and str(path) in result.stderr
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+def test_missing_file_and_run_directory(step_100: Path, tmp_path: Path) -> None:
+    missing = invoke("inspect-checkpoint", str(tmp_path / "nope.pt"))
+    assert missing.exit_code == 2 and "checkpoint not found" in missing.stderr
+    run_dir = invoke("inspect-checkpoint", str(step_100.parent), "--json")
+    assert run_dir.exit_code == 0 and json.loads(run_dir.stdout)["step"] == 200  # its last.pt
+    empty = invoke("inspect-checkpoint", str(tmp_path))
+    assert empty.exit_code == 2 and "without last.pt" in empty.stderr
