@@ -58,8 +58,8 @@ def lr_factor(config: SchedulerConfig | None, base_lr: float, max_updates: int
 
 
 # torch >= 2.12 renamed `broadcast_buffers`; both mean: no buffer broadcast in forward.
-_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
-                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+_DDP_PARAMETERS = inspect.signature(DistributedDataParallel).parameters
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
                    else {"broadcast_buffers": False})
 
 
@@ -125,7 +125,8 @@ class Learner:
         self.metric_names: list[str] | None = None
 
     def update(self, objective: Objective, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One optimizer update; returns global `weight`, `loss`, metrics and `skipped`."""
+        """One optimizer update; returns global `weight`, `skipped`, and `loss` and metrics
+        (weighted means over all ranks; absent when the global weight is 0)."""
         self.wrapped.train()
         with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
                             enabled=self.precision != "fp32"):
@@ -162,11 +163,13 @@ class Learner:
         return torch.stack([v.reshape(()) for v in values])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
+        """Global weight, `skipped`, and the weighted means (absent when the weight is 0)."""
         weight = totals[0]
-        mean = (lambda s: s / weight) if weight else (lambda s: float("nan"))
-        summary = {"weight": weight, "loss": mean(totals[1]), "skipped": float(skipped)}
-        for name, value in zip(self.metric_names or [], totals[2:], strict=True):
-            summary[name] = mean(value)
+        summary = {"weight": weight, "skipped": float(skipped)}
+        if weight:
+            summary["loss"] = totals[1] / weight
+            for name, value in zip(self.metric_names or [], totals[2:], strict=True):
+                summary[name] = value / weight
         return summary
 
     # -- state ---------------------------------------------------------------------------
