@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from embodichain_models.dynamics.nerd.data import WindowSource, normalization_stats
 from embodichain_models.dynamics.nerd.model import state_delta
 from embodichain_models.dynamics.nerd.prepare import build_split, load_split, main
@@ -87,3 +86,13 @@ def test_normalization_stats_are_per_dimension() -> None:
     assert stats["input_mean"].shape == (6,) and stats["target_var"].shape == (4,)
     assert stats["input_var"][4] > 1e5  # force: uniform in ±1500 N, variance 750k
     assert stats["input_var"][5] == 0  # the pole torque is always zero
+    # Chunked two-pass statistics equal the direct ones.
+    states64 = split["states"].double()
+    inputs = torch.cat((states64[:, :-1], split["actions"].double()), -1).flatten(0, 1)
+    targets = state_delta(states64).flatten(0, 1)
+    small_chunks = normalization_stats(split["states"], split["actions"], chunk=3)
+    for name, direct in (("input_mean", inputs.mean(0)), ("input_var", inputs.var(0, correction=0)),
+                         ("target_mean", targets.mean(0)),
+                         ("target_var", targets.var(0, correction=0))):
+        torch.testing.assert_close(stats[name], direct)
+        torch.testing.assert_close(small_chunks[name], direct)

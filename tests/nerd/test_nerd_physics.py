@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from embodichain_models.dynamics.nerd.physics import (
     CartPoleParams,
     accelerations,

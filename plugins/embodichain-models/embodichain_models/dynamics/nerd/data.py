@@ -15,17 +15,39 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def normalization_stats(states: torch.Tensor, actions: torch.Tensor) -> dict[str, torch.Tensor]:
+def normalization_stats(states: torch.Tensor, actions: torch.Tensor,
+                        chunk: int = 1024) -> dict[str, torch.Tensor]:
     """Per-dimension mean and (population) variance of the model inputs `[state, action]`
-    and targets (Δstate, θ wrapped) over every step of every trajectory, in float64."""
-    states = states.to(torch.float64)
-    inputs = torch.cat((states[:, :-1], actions.to(torch.float64)), dim=-1).flatten(0, 1)
-    targets = state_delta(states).flatten(0, 1)
+    and targets (Δstate, θ wrapped) over every step of every trajectory, in float64.
+
+    Two passes over chunks of trajectories (exact and stable, like `var`), so the float64
+    temporaries stay small whatever the dataset size: the memory-mapped data is the only
+    large thing a rank holds.
+    """
+
+    def chunks():
+        for lo in range(0, len(actions), chunk):
+            s = states[lo:lo + chunk].to(torch.float64)
+            a = actions[lo:lo + chunk].to(torch.float64)
+            yield (torch.cat((s[:, :-1], a), dim=-1).flatten(0, 1),
+                   state_delta(s).flatten(0, 1))
+
+    count = actions.shape[0] * actions.shape[1]
+    in_sum = torch.zeros(states.shape[-1] + actions.shape[-1], dtype=torch.float64)
+    out_sum = torch.zeros(states.shape[-1], dtype=torch.float64)
+    for inputs, targets in chunks():
+        in_sum += inputs.sum(0)
+        out_sum += targets.sum(0)
+    in_mean, out_mean = in_sum / count, out_sum / count
+    in_sq, out_sq = torch.zeros_like(in_sum), torch.zeros_like(out_sum)
+    for inputs, targets in chunks():
+        in_sq += (inputs - in_mean).square().sum(0)
+        out_sq += (targets - out_mean).square().sum(0)
     return {
-        "input_mean": inputs.mean(0),
-        "input_var": inputs.var(0, correction=0),
-        "target_mean": targets.mean(0),
-        "target_var": targets.var(0, correction=0),
+        "input_mean": in_mean,
+        "input_var": in_sq / count,
+        "target_mean": out_mean,
+        "target_var": out_sq / count,
     }
 
 

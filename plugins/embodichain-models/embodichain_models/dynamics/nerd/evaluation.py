@@ -39,7 +39,7 @@ class RolloutEvaluator:
     """
 
     def __init__(self, states: torch.Tensor, actions: torch.Tensor, dt: float,
-                 horizons: Sequence[int] = DEFAULT_HORIZONS, chunk: int = 4096) -> None:
+                 horizons: Sequence[int] = DEFAULT_HORIZONS, chunk: int = 1024) -> None:
         self.states = states.to(torch.float32)
         self.actions = actions.to(torch.float32)
         self.dt = dt
@@ -96,10 +96,10 @@ class RolloutEvaluator:
         pred_norm = self.one_step(model, states, actions)
         true_delta = state_delta(states)
         base_delta = constant_velocity_delta(states[:, :-1], self.dt)
-        metrics["validation/mse"] = (pred_norm - model.normalize_target(true_delta)).square().mean().item()
+        true_norm = model.normalize_target(true_delta)
+        metrics["validation/mse"] = (pred_norm - true_norm).square().mean().item()
         metrics["validation/baseline_mse"] = (
-            (model.normalize_target(base_delta) - model.normalize_target(true_delta))
-            .square().mean().item())
+            (model.normalize_target(base_delta) - true_norm).square().mean().item())
         # Per-dimension one-step error of the next state, in state units.
         model_err = state_error(apply_delta(states[:, :-1], model.denormalize_target(pred_norm)),
                                 states[:, 1:]).mean((0, 1))

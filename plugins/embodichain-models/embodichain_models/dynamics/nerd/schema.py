@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
+import torch
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -102,12 +103,14 @@ class NerdConfig(BaseModel):
                 "target of position t (the change from state t to t+1) is in the input of "
                 "position t+1, which non-causal attention lets position t see; use "
                 "attention.causal: true, or loss.mask: last_position")
-        # `device` exists once combined with the framework's config; "auto" is checked by
-        # the factory, when the device is known.
-        if self.precision == "fp16" and getattr(self, "device", None) == "cpu":
+        # `device` exists once combined with the framework's config.
+        device = getattr(self, "device", None)
+        on_cpu = device == "cpu" or device == "auto" and not torch.cuda.is_available()
+        if self.precision == "fp16" and on_cpu:
+            where = "device: cpu" if device == "cpu" else "device: auto, with no CUDA device here"
             problems.append(
-                "precision: fp16 is not supported on CPU (no fp16 autocast and gradient "
-                "scaling there); use precision: bf16 or fp32, or device: cuda")
+                f"precision: fp16 is not supported on CPU ({where}): there is no fp16 autocast "
+                "and gradient scaling there; use precision: bf16 or fp32, or a CUDA device")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embodichain.learning.sl import LossResult, SupervisedTrainer
+from embodichain.learning.sl import LossResult, SupervisedTrainer, UsageError
 from embodichain_models.dynamics.nerd.data import WindowSource, file_sha256, normalization_stats
 from embodichain_models.dynamics.nerd.evaluation import RolloutEvaluator
 from embodichain_models.dynamics.nerd.model import STATE_DIM, NerdModelConfig, NerdTransformer
@@ -50,23 +50,23 @@ def _load(path: Path, mmap: bool) -> dict:
     try:
         return load_split(path, mmap=mmap)
     except (RuntimeError, OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the NeRD dataset {path}: {exc}") from exc
+        raise UsageError(f"cannot load the NeRD dataset {path}: {exc}") from exc
 
 
 def build_supervised_trainer(config: NerdConfig, device: torch.device) -> SupervisedTrainer:
     """Factory of the NeRD cart-pole recipe; called on every rank inside `distributed_run`."""
     if config.precision == "fp16" and device.type != "cuda":
-        raise ValueError(f"precision fp16 needs a CUDA device, but the run uses {device}; "
+        raise UsageError(f"precision fp16 needs a CUDA device, but the run uses {device}; "
                          "use precision: bf16 or fp32")
     train = _load(config.data.train, config.data.mmap)
     val = _load(config.data.val, config.data.mmap)
     if train["physics"] != val["physics"]:
-        raise ValueError(f"{config.data.train} and {config.data.val} were simulated with "
+        raise UsageError(f"{config.data.train} and {config.data.val} were simulated with "
                          "different physics parameters; prepare both splits together")
     window = config.model.window
     for path, split in ((config.data.train, train), (config.data.val, val)):
         if split["actions"].shape[1] < window:
-            raise ValueError(f"{path}: trajectories of {split['actions'].shape[1]} steps are "
+            raise UsageError(f"{path}: trajectories of {split['actions'].shape[1]} steps are "
                              f"shorter than model.window ({window})")
 
     model = NerdTransformer(
