@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
