@@ -21,7 +21,12 @@ class ValidationCallback(Protocol):
 
 
 class SaveBest:
-    """Keeps `best.pt` in the run directory: the snapshot with the lowest metric so far."""
+    """Keeps `best.pt` in the run directory: the snapshot with the lowest metric so far.
+
+    `trainer.save_best: true` in a recipe adds one (on `validation/mse`) to every trainer.
+    Its best value is part of checkpoints, so a resumed run only replaces best.pt with a
+    better snapshot.
+    """
 
     def __init__(self, metric: str = "validation/mse", filename: str = "best.pt") -> None:
         self.metric = metric

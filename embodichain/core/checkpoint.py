@@ -15,13 +15,15 @@ on every load.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections import OrderedDict
 import os
 import pickle
 import re
+import secrets
 import struct
 import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -126,24 +128,30 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: Path, *, also_as: Path
 
     Temp names never end in `.pt`, so `*.pt` only ever matches complete checkpoints. The
     extra name is published before the step file, so `last.pt` exists as soon as any
-    `step_N.pt` does.
+    `step_N.pt` does. On failure the original error propagates and only this call's own
+    temp files are removed.
     """
     directory = path.parent
-    tmp = directory / f".{path.name}.{os.getpid()}.tmp"
+    unique = f"{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = directory / f".{path.name}.{unique}.tmp"
+    alias_tmp = directory / f".{also_as.name}.{unique}.tmp" if also_as else None
+    created: list[Path] = []
     try:
         with open(tmp, "wb") as f:
+            created.append(tmp)
             torch.save(dict(checkpoint), f)
             f.flush()
             os.fsync(f.fileno())
-        if also_as is not None:
-            alias_tmp = directory / f".{also_as.name}.{os.getpid()}.tmp"
+        if also_as is not None and alias_tmp is not None:
+            created.append(alias_tmp)
             _link_or_copy(tmp, alias_tmp)
             os.replace(alias_tmp, also_as)
         os.replace(tmp, path)
         fsync_directory(directory)
     finally:
-        for leftover in directory.glob(f".*.{os.getpid()}.tmp"):
-            leftover.unlink(missing_ok=True)
+        for leftover in created:  # already renamed on success
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -182,6 +190,8 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
             ) from None
         raise CheckpointCorruptError(f"checkpoint {path} is corrupt: {exc}") from None
     except Exception as exc:
+        if "TORCH_FORCE_" in str(exc):  # both force-load variables set: not the file's fault
+            raise CheckpointError(f"cannot load {path}: {exc}") from None
         raise CheckpointCorruptError(
             f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}: {exc})"
         ) from None
@@ -192,6 +202,10 @@ def _check_archive(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()
+            # torch's reader (miniz) treats a member with the DOS directory attribute as a
+            # directory and returns unread memory for it; Python's CRC check ignores the flag.
+            flagged = [i.filename for i in archive.infolist()
+                       if i.external_attr & 0x10 or i.filename.endswith("/")]
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
         raise CheckpointCorruptError(
             f"checkpoint {path} is corrupt or truncated (not a complete archive: {exc})"
@@ -204,6 +218,10 @@ def _check_archive(path: Path) -> None:
         raise CheckpointCorruptError(
             f"checkpoint {path} is corrupt: archive member '{bad}' fails its CRC check"
         )
+    if flagged:
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt: archive member '{flagged[0]}' is marked as a "
+            "directory")
 
 
 def verify_checkpoint(data: Any, path: Path | str = "<memory>") -> dict[str, Any]:
@@ -233,3 +251,25 @@ def verify_checkpoint(data: Any, path: Path | str = "<memory>") -> dict[str, Any
                 f"checkpoint {path} is corrupt: manifest {key}={manifest.get(key)!r} "
                 f"disagrees with its payload ({run.get(key)!r})")
     return data
+
+
+def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
+    """Exactly one state per rank 0..world_size-1 (R-CKPT-5): none missing, none extra.
+
+    Checked before restoring (not on every read, so `inspect-checkpoint` can still show
+    what such a file holds).
+    """
+    ranks, world_size = data["payload"].get("ranks"), data["manifest"].get("world_size")
+    if not isinstance(ranks, dict) or not isinstance(world_size, int):
+        raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
+    expected = set(range(world_size))
+    missing = sorted(expected - set(ranks))
+    extra = sorted((r for r in ranks if r not in expected), key=str)
+    if missing or extra:
+        found = ", ".join(map(str, sorted(ranks, key=str))) or "none"
+        problems = ([f"missing rank {', '.join(map(str, missing))}"] if missing else []) + \
+                   ([f"unexpected entry {', '.join(map(str, extra))}"] if extra else [])
+        raise CheckpointError(
+            f"{path} was written by {world_size} worker(s) but holds per-rank state for "
+            f"rank(s) {found} ({'; '.join(problems)}); every rank needs exactly its own entry, "
+            "so it cannot be restored")

@@ -18,13 +18,18 @@ import torch
 
 import embodichain
 from embodichain.core import distributed as dist_utils
-from embodichain.core.checkpoint import read_checkpoint, step_filename
+from embodichain.core.checkpoint import (
+    check_rank_entries,
+    read_checkpoint,
+    step_filename,
+    step_files,
+)
 from embodichain.core.config import (
     RESUMABLE_CHANGES,
     Recipe,
     config_sha256,
 )
-from embodichain.core.errors import RefusedError, UsageError
+from embodichain.core.errors import RefusedError, TrainingError, UsageError
 from embodichain.core.progress import configure_logging, log
 from embodichain.core.run_dir import (
     METRICS,
@@ -39,7 +44,12 @@ from embodichain.core.run_dir import (
     update_run_json,
 )
 from embodichain.core.source import stream_seed
-from embodichain.core.trainer import RunContext, SupervisedTrainer
+from embodichain.core.trainer import (
+    RunContext,
+    SupervisedTrainer,
+    rank_zero_origin,
+    wait_for_rank_zero_exit,
+)
 
 
 def train(recipe: Recipe, *, resume: Path | None = None,
@@ -65,7 +75,11 @@ def train(recipe: Recipe, *, resume: Path | None = None,
                 outcome = _prepare_on_rank_zero(recipe, trainer, resume, checkpoint)
             outcome = dist_utils.broadcast_from_rank_zero(outcome)
             if "refused" in outcome:
+                wait_for_rank_zero_exit(outcome)
                 raise RefusedError(outcome["refused"])
+            if "failed" in outcome:
+                wait_for_rank_zero_exit(outcome)
+                raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
             if outcome["payload"] is not None:
                 trainer.restore(outcome["payload"])
             directory = Path(config.trainer.output_dir)
@@ -96,7 +110,9 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, resume: Pa
     try:
         return _prepare(recipe, trainer, resume, checkpoint)
     except UsageError as exc:
-        return {"refused": str(exc)}
+        return {"refused": str(exc), **rank_zero_origin()}
+    except Exception as exc:  # the other ranks wait for an outcome: they must hear of it
+        return {"failed": f"{type(exc).__name__}: {exc}", **rank_zero_origin()}
 
 
 def _prepare(recipe: Recipe, trainer: SupervisedTrainer, resume: Path | None,
@@ -119,6 +135,7 @@ def _prepare(recipe: Recipe, trainer: SupervisedTrainer, resume: Path | None,
         return {"identity": identity, "payload": None}
 
     data = checkpoint if checkpoint is not None else read_checkpoint(resume)
+    check_rank_entries(data, resume)
     payload = data["payload"]
     snapshot = payload["run"]
     problems = resume_problems(snapshot, resolved, identity)
@@ -127,7 +144,7 @@ def _prepare(recipe: Recipe, trainer: SupervisedTrainer, resume: Path | None,
         raise RefusedError(f"cannot resume from {resume}: it differs from this run in\n{listed}"
                            "\nNothing was changed.")
     if directory.is_dir() and directory.resolve() == resume.parent.resolve():
-        identity = _continue_in_place(directory, resume, snapshot, identity)
+        identity = _continue_in_place(directory, resume, snapshot, identity, recipe.source)
     else:
         identity["resumed_from"] = {"run_id": snapshot["run_id"], "checkpoint": str(resume),
                                     "step": snapshot["step"]}
@@ -179,11 +196,15 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _continue_in_place(directory: Path, checkpoint: Path, snapshot: Mapping[str, Any],
-                       identity: dict[str, Any]) -> dict[str, Any]:
+                       identity: dict[str, Any], recipe_source: str | None = None
+                       ) -> dict[str, Any]:
     """Checks of R-RESUME-4; then records the resume in run.json and keeps the run's id."""
     step = int(snapshot["step"])
-    fresh_cmd = (f"resume into a fresh directory instead: embodichain train-sl --config R.yaml "
-                 f"--resume {checkpoint} --set trainer.output_dir={directory}_resumed")
+    config_path = (recipe_source if recipe_source and Path(recipe_source).is_file()
+                   else "RECIPE.yaml")
+    fresh_cmd = (f"resume into a fresh directory instead: embodichain train-sl --config "
+                 f"{config_path} --resume {checkpoint} "
+                 f"--set trainer.output_dir={directory}_resumed")
     run_json = read_run_json(directory)
     if snapshot.get("run_id") is None:
         raise RefusedError(f"{checkpoint} carries no run identity, so it cannot continue "
@@ -198,6 +219,12 @@ def _continue_in_place(directory: Path, checkpoint: Path, snapshot: Mapping[str,
             f"{directory}/{METRICS} already has records up to update {history.last_step}, "
             f"beyond the checkpoint's update {step}; continuing in place would mix two "
             f"histories. {fresh_cmd}")
+    later = [path.name for n, path in step_files(directory) if n > step]
+    if later:
+        raise RefusedError(
+            f"{directory} already holds checkpoints beyond update {step} "
+            f"({', '.join(later[:3])}{', ...' if len(later) > 3 else ''}); continuing in place "
+            f"would replace them. {fresh_cmd}")
     torn = move_torn_tail(directory)
     event = {"event": "resumed", "at": now_iso(), "checkpoint": checkpoint.name, "step": step,
              "world_size": identity["world_size"], "config_sha256": identity["config_sha256"]}

@@ -126,9 +126,10 @@ class MetricsLog:
 def read_metrics(path: Path) -> MetricsLog:
     """Read metrics.jsonl without ever failing on a damaged line."""
     log = MetricsLog()
-    if not path.exists():
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
         return log
-    data = path.read_bytes()
     complete, _, tail = data.rpartition(b"\n")
     if tail:
         log.torn = tail.decode("utf-8", "replace")
@@ -138,7 +139,7 @@ def read_metrics(path: Path) -> MetricsLog:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, bad UTF-8, absurd nesting
             log.bad_lines.append(number)
             continue
         if isinstance(record, dict):

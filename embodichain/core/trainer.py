@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +15,7 @@ import torch
 from torch import nn
 
 from embodichain.core import distributed as dist_utils
-from embodichain.core.callbacks import ValidationCallback
+from embodichain.core.callbacks import SaveBest, ValidationCallback
 from embodichain.core.checkpoint import (
     LAST,
     make_checkpoint,
@@ -81,6 +84,10 @@ class SupervisedTrainer:
         self.objective = objective
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
+        if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
+            # `trainer.save_best: true`: keep best.pt by validation/mse. Appended last, so the
+            # factory's own callbacks keep their checkpoint keys whether or not it is on.
+            self.callbacks.append(SaveBest())
         self.learner = Learner(model, config.optimizer, config.scheduler,
                                config.trainer.max_updates, device, precision)
         self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
@@ -133,14 +140,14 @@ class SupervisedTrainer:
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
-        record = {"train/loss": summary["loss"], "train/weight": summary["weight"]}
-        record.update({f"train/{k}": v for k, v in summary.items()
-                       if k not in ("loss", "weight", "skipped")})
+        # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
+        # so every line stays strict JSON.
+        record = {f"train/{k}": v for k, v in summary.items() if k != "skipped"}
         record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
-        progress.update(self.step, loss=summary["loss"])
+        progress.update(self.step, loss=summary.get("loss", float("nan")))
 
     def _record(self, values: Mapping[str, Any]) -> None:
         self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
@@ -168,9 +175,8 @@ class SupervisedTrainer:
                 log.exception("validation failed at update %d", self.step)
         self._committed = None
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
-        failure = dist_utils.broadcast_from_rank_zero(failure)
-        if failure:
-            raise TrainingError(f"validation failed on rank 0 at update {self.step}: {failure}")
+        self._stop_if_rank_zero_failed(failure,
+                                       f"validation failed on rank 0 at update {self.step}")
 
     def _evaluate(self) -> dict[str, float]:
         model = self.learner.model
@@ -206,10 +212,16 @@ class SupervisedTrainer:
                 failure = f"{exc.strerror or exc} ({exc.filename or path})"
             except Exception as exc:  # every rank must hear of it, or the others would hang
                 failure = f"{type(exc).__name__}: {exc}"
-        failure = dist_utils.broadcast_from_rank_zero(failure)
-        if failure:
-            raise TrainingError(f"saving checkpoint {path} failed on rank 0: {failure}")
+        self._stop_if_rank_zero_failed(failure, f"saving checkpoint {path} failed on rank 0")
         return path
+
+    def _stop_if_rank_zero_failed(self, failure: str | None, what: str) -> None:
+        """Every rank learns whether rank 0 failed; if so, every rank raises TrainingError."""
+        outcome = dist_utils.broadcast_from_rank_zero(
+            {"failure": failure, **rank_zero_origin()} if dist_utils.is_rank_zero() else None)
+        if outcome["failure"]:
+            wait_for_rank_zero_exit(outcome)
+            raise TrainingError(f"{what}: {outcome['failure']}")
 
     def _capture_committed(self) -> CommittedState:
         own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
@@ -224,7 +236,7 @@ class SupervisedTrainer:
             "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics)},
             "learner": self.learner.state_dict(),
             "ranks": committed.ranks,
-            "callbacks": {str(i): cb.state_dict() for i, cb in enumerate(self.callbacks)
+            "callbacks": {key: cb.state_dict() for key, cb in self._keyed_callbacks()
                           if hasattr(cb, "state_dict")},
         }
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,6 +246,11 @@ class SupervisedTrainer:
             run.metrics.sync()
         if also_last:
             self._apply_retention(path.parent)
+
+    def _keyed_callbacks(self) -> list[tuple[str, Any]]:
+        """Callbacks under checkpoint keys `"{index}:{class}"`: a callback's state only ever
+        goes back to a callback of the same kind at the same position."""
+        return [(f"{i}:{type(cb).__qualname__}", cb) for i, cb in enumerate(self.callbacks)]
 
     def _apply_retention(self, directory: Path) -> None:
         keep = self.config.trainer.keep_last
@@ -250,8 +267,9 @@ class SupervisedTrainer:
         self.sampler.load_state_dict(mine["sampler"])
         restore_buffers(self.learner.model, mine["buffers"])
         restore_rng(mine["rng"], self.device)
-        for i, callback in enumerate(self.callbacks):
-            state = payload.get("callbacks", {}).get(str(i))
+        saved = payload.get("callbacks") or {}
+        for key, callback in self._keyed_callbacks():
+            state = saved.get(key)
             if state is not None and hasattr(callback, "load_state_dict"):
                 callback.load_state_dict(state)
         self.step = int(payload["run"]["step"])
@@ -273,3 +291,63 @@ class SupervisedTrainer:
             raise RuntimeError("no run directory attached; launch through `embodichain "
                                "train-sl` or call trainer.attach(...) first")
         return self.run
+
+
+def rank_zero_origin() -> dict[str, Any]:
+    """Where rank 0 runs, sent with a failure or refusal so that others can wait for it."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """Called by the other ranks when rank 0 stops the run: leave only after rank 0 has ended.
+
+    Rank 0 prints its reason (SPEC §9) after leaving the process group; torchrun stops the
+    remaining workers as soon as the first one exits, so a rank that left first could get
+    rank 0 killed before it printed. Under torchrun this rank then waits (briefly) for the
+    SIGTERM with which torchrun stops the others, and ends with its own exit code rather than
+    being killed by it. Only ranks on rank 0's host can see its process; others return at once.
+    """
+    if dist_utils.is_rank_zero() or origin.get("host") != socket.gethostname():
+        return
+    pid = origin.get("pid")
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _StopWaiting
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: cannot wait safely
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and isinstance(pid, int) and _process_alive(pid):
+            time.sleep(0.02)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+    except _StopWaiting:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _StopWaiting(Exception):
+    pass
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited process that is not yet reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

@@ -1,0 +1,56 @@
+"""R-CKPT-6: a save that fails on rank 0 makes every rank exit non-zero promptly, with the reason.
+
+`recovery_factories:failing_save` limits rank 0's file size at the first validation (update 50),
+as a full disk would, so writing step_100.pt fails with EFBIG on rank 0 only. Rank 1 is then
+waiting in the save's collective: it must hear of the failure and stop too, not hang.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+from conftest import run_torchrun, write_recipe
+from recovery_helpers import factory_env, metrics
+
+GUARD = 240  # a hang fails the test by timeout instead of blocking CI
+
+
+def test_failed_save_on_rank_zero_stops_every_rank(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, factory="recovery_factories:failing_save",
+                          **{"trainer.max_updates": 200})
+    start = time.monotonic()
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env=factory_env(), timeout=GUARD)
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    reason = f"saving checkpoint {run / 'step_100.pt'} failed on rank 0: File too large"
+    assert len(re.findall(rf"^error: {re.escape(reason)}", out, re.M)) == 1, out  # rank 0
+    assert out.count(f"[rank 1] error: {reason}") == 1, out  # and rank 1, each with the reason
+    assert re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", out, re.M) == ["1", "1"], out
+    assert "Traceback" not in out.split("Traceback (most recent call last):", 1)[0]
+    assert elapsed < GUARD
+    # it stopped at the failed save: nothing after update 100, no checkpoint, no temp file left
+    assert max(r["step"] for r in metrics(run)) == 100
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "run.json"]
+
+
+def test_unexpected_failure_while_preparing_on_rank_zero_stops_every_rank(tmp_path: Path
+                                                                          ) -> None:
+    """Rank 0 alone prepares the run directory; an OS error there (here: output_dir below a
+    regular file) must reach the other ranks, which wait for that outcome, instead of hanging
+    them."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory\n")
+    recipe = write_recipe(tmp_path / "r.yaml", blocker / "run")
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    reason = "preparing the run failed on rank 0: NotADirectoryError"
+    assert len(re.findall(rf"^error: {re.escape(reason)}", out, re.M)) == 1, out  # rank 0
+    assert out.count(f"[rank 1] error: {reason}") == 1, out
+    assert re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", out, re.M) == ["1", "1"], out
+    assert blocker.read_text() == "not a directory\n"
