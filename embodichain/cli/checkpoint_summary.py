@@ -218,14 +218,10 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     framework sections are resolved and the factory's sections compared as written. World
     size and data identity can only be checked at launch, so they are stated as conditions.
     """
-    from embodichain.core.config import (
-        check_recipe,
-        flatten_keys,
-        read_recipe_file,
-        resolve_framework_part,
-    )
+    from embodichain.core.config import flatten_keys
     from embodichain.core.errors import ConfigError
     from embodichain.core.launch import config_differences
+    from embodichain.core.recipe import check_recipe, read_recipe_file, resolve_framework_part
 
     run = _mapping(data["payload"].get("run"))
     step = int(data["manifest"]["step"])

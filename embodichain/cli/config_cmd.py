@@ -19,7 +19,7 @@ def validate_config(
     """Validate a recipe: framework and factory schema, factory, data paths. Exit 0 or 2."""
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
-        from embodichain.core.config import load_recipe
+        from embodichain.core.recipe import load_recipe
 
         recipe = load_recipe(config, overrides or [])
         print_recipe(recipe.resolved)

@@ -30,7 +30,7 @@ def train_sl(
 ) -> None:
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
-        from embodichain.core.config import load_recipe
+        from embodichain.core.recipe import load_recipe
 
         recipe = load_recipe(config, overrides or [])
         if print_config:
@@ -51,9 +51,9 @@ def resume_run(
     """Continue an interrupted run in place from its last.pt, with the recipe it stores."""
     with reported_errors(debug):
         from embodichain.core.checkpoint import LAST, read_checkpoint
-        from embodichain.core.config import validate_recipe
         from embodichain.core.errors import RefusedError
         from embodichain.core.launch import train
+        from embodichain.core.recipe import validate_recipe
 
         checkpoint = run_dir / LAST
         if not checkpoint.is_file():

@@ -1,1 +1,4 @@
-"""The common supervised-learning parts. Import submodules directly; this package imports nothing."""
+"""The common supervised-learning parts.
+
+Import submodules directly: this package imports nothing, so the CLI stays fast.
+"""

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Iterator
+import signal
+import socket
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -110,3 +113,63 @@ def gather_to_rank_zero(value: Any) -> list[Any] | None:
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
+
+
+def rank_zero_origin() -> dict[str, Any]:
+    """Where rank 0 runs, sent with a failure or refusal so that others can wait for it."""
+    return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """Called by the other ranks when rank 0 stops the run: leave only after rank 0 has ended.
+
+    Rank 0 prints its reason (SPEC §9) after leaving the process group; torchrun stops the
+    remaining workers as soon as the first one exits, so a rank that left first could get
+    rank 0 killed before it printed. Under torchrun this rank then waits (briefly) for the
+    SIGTERM with which torchrun stops the others, and ends with its own exit code rather than
+    being killed by it. Only ranks on rank 0's host can see its process; others return at once.
+    """
+    if is_rank_zero() or origin.get("host") != socket.gethostname():
+        return
+    pid = origin.get("pid")
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _StopWaiting
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: cannot wait safely
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and isinstance(pid, int) and _process_alive(pid):
+            time.sleep(0.02)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                time.sleep(0.02)
+    except _StopWaiting:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _StopWaiting(Exception):
+    pass
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited process that is not yet reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True

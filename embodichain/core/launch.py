@@ -24,13 +24,10 @@ from embodichain.core.checkpoint import (
     step_filename,
     step_files,
 )
-from embodichain.core.config import (
-    RESUMABLE_CHANGES,
-    Recipe,
-    config_sha256,
-)
+from embodichain.core.config import RESUMABLE_CHANGES, config_sha256, flatten_keys
 from embodichain.core.errors import RefusedError, TrainingError, UsageError
 from embodichain.core.progress import configure_logging, log
+from embodichain.core.recipe import Recipe
 from embodichain.core.run_dir import (
     METRICS,
     RUN_JSON,
@@ -44,12 +41,7 @@ from embodichain.core.run_dir import (
     update_run_json,
 )
 from embodichain.core.source import stream_seed
-from embodichain.core.trainer import (
-    RunContext,
-    SupervisedTrainer,
-    rank_zero_origin,
-    wait_for_rank_zero_exit,
-)
+from embodichain.core.trainer import RunContext, SupervisedTrainer
 
 
 def train(recipe: Recipe, *, resume: Path | None = None,
@@ -75,10 +67,10 @@ def train(recipe: Recipe, *, resume: Path | None = None,
                 outcome = _prepare_on_rank_zero(recipe, trainer, resume, checkpoint)
             outcome = dist_utils.broadcast_from_rank_zero(outcome)
             if "refused" in outcome:
-                wait_for_rank_zero_exit(outcome)
+                dist_utils.wait_for_rank_zero_exit(outcome)
                 raise RefusedError(outcome["refused"])
             if "failed" in outcome:
-                wait_for_rank_zero_exit(outcome)
+                dist_utils.wait_for_rank_zero_exit(outcome)
                 raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
             if outcome["payload"] is not None:
                 trainer.restore(outcome["payload"])
@@ -110,9 +102,9 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, resume: Pa
     try:
         return _prepare(recipe, trainer, resume, checkpoint)
     except UsageError as exc:
-        return {"refused": str(exc), **rank_zero_origin()}
+        return {"refused": str(exc), **dist_utils.rank_zero_origin()}
     except Exception as exc:  # the other ranks wait for an outcome: they must hear of it
-        return {"failed": f"{type(exc).__name__}: {exc}", **rank_zero_origin()}
+        return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}
 
 
 def _prepare(recipe: Recipe, trainer: SupervisedTrainer, resume: Path | None,
@@ -170,7 +162,7 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], step: int
                        ) -> list[str]:
     """Recipe differences that forbid resuming (R-RESUME-2); some keys may change."""
-    old, new = _flatten(saved), _flatten(current)
+    old, new = flatten_keys(saved), flatten_keys(current)
     problems = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
@@ -182,17 +174,6 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
         problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
                         f"update {step}")
     return problems
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def _continue_in_place(directory: Path, checkpoint: Path, snapshot: Mapping[str, Any],

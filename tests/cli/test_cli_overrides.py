@@ -9,8 +9,9 @@ import yaml
 from cli_support import invoke
 from conftest import CPU_RECIPE
 
-from embodichain.core.config import FrameworkConfig, apply_overrides
+from embodichain.core.config import FrameworkConfig
 from embodichain.core.errors import ConfigError
+from embodichain.core.recipe import apply_overrides
 
 
 def print_config(*overrides: str) -> dict:
