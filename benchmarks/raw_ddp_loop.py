@@ -13,6 +13,7 @@ per update, the usual way to write it by hand.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -98,6 +99,7 @@ def main() -> None:
     if rank == 0:
         log.close()
     del ddp  # a DDP object alive at exit can abort torch (see core/distributed.py)
+    gc.collect()
     dist.destroy_process_group()
 
 
