@@ -63,6 +63,20 @@ def snapshot_dir(directory: Path) -> dict[str, bytes]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def tensors_by_path(value: object, path: str = ""):
+    """Every tensor of a nested checkpoint payload, keyed like `/learner/model/0.weight`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, dict):
+        for key in value:
+            yield from tensors_by_path(value[key], f"{path}/{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from tensors_by_path(item, f"{path}/{i}")
+
+
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n" \
                                  f"stderr:\n{proc.stderr}"

@@ -7,21 +7,17 @@ import shutil
 from pathlib import Path
 
 import torch
-from conftest import REPO, assert_ok, run_torchrun, snapshot_dir, worker_env, write_recipe
+from conftest import (
+    REPO,
+    assert_ok,
+    run_torchrun,
+    snapshot_dir,
+    tensors_by_path,
+    worker_env,
+    write_recipe,
+)
 
 FACTORIES = REPO / "tests" / "factories"
-
-
-def _tensors(value, path=""):
-    """Every tensor of a nested checkpoint payload, by path."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, dict):
-        for key in value:
-            yield from _tensors(value[key], f"{path}/{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}/{i}")
 
 
 def _records_after(metrics: Path, step: int) -> list[dict]:
@@ -48,7 +44,7 @@ def test_resume_run_dir_after_a_crash_equals_the_uninterrupted_run(
     reference = torch.load(sl_ddp_two_workers / "last.pt", weights_only=True)["payload"]
     assert ours["run"]["step"] == reference["run"]["step"] == 200
     for part in ("learner", "ranks"):
-        mine, theirs = dict(_tensors(ours[part])), dict(_tensors(reference[part]))
+        mine, theirs = dict(tensors_by_path(ours[part])), dict(tensors_by_path(reference[part]))
         assert mine.keys() == theirs.keys()
         for key in mine:
             assert torch.equal(mine[key], theirs[key]), f"{part}{key} differs"

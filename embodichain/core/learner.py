@@ -104,7 +104,7 @@ class Learner:
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
-        self.model = model.to(device)
+        self.model = model.to(device).train()  # validation switches back after eval()
         self.optimizer = build_optimizer(self.model.parameters(), optimizer)
         self.grad_clip = optimizer.grad_clip
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -127,7 +127,6 @@ class Learner:
     def update(self, objective: Objective, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer update; returns global `weight`, `skipped`, and `loss` and metrics
         (weighted means over all ranks; absent when the global weight is 0)."""
-        self.wrapped.train()
         with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
                             enabled=self.precision != "fp32"):
             result = objective(self.wrapped, batch)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import tensors_by_path
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
@@ -136,17 +137,6 @@ def test_short_training_run_improves_and_beats_the_baseline(
     assert run["source_identity"].startswith("nerd-cartpole:window=10:sha256=")
 
 
-def _tensors(value, path=""):
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif isinstance(value, dict):
-        for key in value:
-            yield from _tensors(value[key], f"{path}/{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            yield from _tensors(item, f"{path}/{i}")
-
-
 def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # exactness needs a fixed thread count
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -174,7 +164,7 @@ def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) ->
     a = torch.load(run_a / "step_40.pt", weights_only=True)["payload"]
     b = torch.load(run_b / "step_40.pt", weights_only=True)["payload"]
     for part in ("learner", "ranks"):
-        left, right = dict(_tensors(a[part])), dict(_tensors(b[part]))
+        left, right = dict(tensors_by_path(a[part])), dict(tensors_by_path(b[part]))
         assert left.keys() == right.keys() and left
         for key in left:
             assert torch.equal(left[key], right[key]), f"{part}{key} differs"
