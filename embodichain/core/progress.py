@@ -29,6 +29,12 @@ def configure_logging(rank: int) -> None:
     log.handlers[:] = [handler]
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
+    if rank:
+        # Python warnings (e.g. from torch) get the same rank prefix on the other ranks.
+        logging.captureWarnings(True)
+        warnings_log = logging.getLogger("py.warnings")
+        warnings_log.handlers[:] = [handler]
+        warnings_log.propagate = False
 
 
 class ProgressReporter:
