@@ -82,22 +82,22 @@ def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
                                  f"stderr:\n{proc.stderr}"
 
 
+def _train_example(root: Path, launch) -> Path:
+    recipe = write_recipe(root / "cpu.yaml", root / "run")
+    assert_ok(launch("train-sl", "--config", str(recipe), "--no-progress"))
+    return root / "run"
+
+
 @pytest.fixture(scope="session")
 def sl_ddp_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example recipe trained to 200 updates by 2 torchrun workers (shared, read-only)."""
-    root = tmp_path_factory.mktemp("sl_ddp_2w")
-    recipe = write_recipe(root / "cpu.yaml", root / "run")
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress"))
-    return root / "run"
+    return _train_example(tmp_path_factory.mktemp("sl_ddp_2w"), run_torchrun)
 
 
 @pytest.fixture(scope="session")
 def sl_ddp_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example recipe trained to 200 updates in one process (shared, read-only)."""
-    root = tmp_path_factory.mktemp("sl_ddp_1p")
-    recipe = write_recipe(root / "cpu.yaml", root / "run")
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
-    return root / "run"
+    return _train_example(tmp_path_factory.mktemp("sl_ddp_1p"), run_cli)
 
 
 @pytest.fixture()

@@ -57,17 +57,13 @@ def check_factory(info: FactoryInfo) -> FactoryInfo:
 
 
 def _check_schema(factory: Any, target: str) -> None:
-    """A `config_schema`, if any, must be something the recipe validation can use."""
-    import dataclasses
+    """A `config_schema`, if any, must be one the recipe validation can combine."""
+    from embodichain.core.config import combined_schema
 
-    from pydantic import BaseModel
-
-    schema = getattr(factory, "config_schema", None)
-    if schema is None or dataclasses.is_dataclass(schema) or (
-            isinstance(schema, type) and issubclass(schema, BaseModel)):
-        return
-    raise FactoryError(f"'{target}'.config_schema is {schema!r}; expected a pydantic model or "
-                       "a dataclass type")
+    try:
+        combined_schema(getattr(factory, "config_schema", None))
+    except TypeError as exc:
+        raise FactoryError(f"'{target}': {exc}") from None
 
 
 def resolve_factory(reference: str) -> Callable[..., Any]:
