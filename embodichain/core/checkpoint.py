@@ -35,6 +35,7 @@ from embodichain.core.errors import (
     CheckpointError,
     UnsafeCheckpointError,
 )
+from embodichain.core.source import tensor_bytes
 
 FORMAT = "embodichain.checkpoint"
 FORMAT_VERSION = 1
@@ -70,8 +71,7 @@ def _feed(h: Any, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(t))
     elif type(value) in (dict, OrderedDict):  # state_dicts are OrderedDicts
         h.update(f"D{len(value)};".encode())
         for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
@@ -31,8 +32,16 @@ def tensor_digest(tensors: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(tensor_bytes(t))
     return h.hexdigest()
+
+
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor's elements, without NumPy (not a dependency)."""
+    t = tensor.detach().cpu().contiguous()
+    if not t.numel():
+        return b""
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
 
 
 class TensorSource:
