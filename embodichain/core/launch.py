@@ -138,7 +138,7 @@ def _prepare(recipe: Recipe, trainer: SupervisedTrainer, resume: Path | None,
     if directory.is_dir() and directory.resolve() == resume.parent.resolve():
         identity = _continue_in_place(directory, resume, snapshot, identity, recipe.source)
     else:
-        identity["resumed_from"] = {"run_id": snapshot["run_id"], "checkpoint": str(resume),
+        identity["resumed_from"] = {"run_id": snapshot.get("run_id"), "checkpoint": str(resume),
                                     "step": snapshot["step"]}
         claim(directory, {**identity, "events": []})
     return {"identity": identity, "payload": payload}

@@ -210,11 +210,22 @@ def _no_identity(payload: dict) -> None:
     payload["run"]["run_id"] = None
 
 
+def _no_identity_key(payload: dict) -> None:
+    """As written before run identities existed: no `run_id` key at all."""
+    del payload["run"]["run_id"]
+
+
+@pytest.mark.parametrize("strip", [_no_identity, _no_identity_key], ids=["null", "absent"])
 def test_checkpoint_without_identity_resumes_only_into_a_fresh_destination(
-        sl_ddp_one_process: Path, tmp_path: Path) -> None:
+        sl_ddp_one_process: Path, tmp_path: Path, strip) -> None:
     run = _copy_run(sl_ddp_one_process, tmp_path / "run")
-    anonymous = rewrite_checkpoint(run / "step_100.pt", run / "step_100.pt", _no_identity)
+    anonymous = rewrite_checkpoint(run / "step_100.pt", run / "step_100.pt", strip)
     assert read_checkpoint(anonymous)["manifest"]["run_id"] is None
+    if strip is _no_identity_key:
+        assert "run_id" not in read_checkpoint(anonymous)["payload"]["run"]
+        inspected = run_cli("inspect-checkpoint", str(anonymous))
+        assert_ok(inspected)
+        assert "no run identity: resumable only into a fresh directory" in inspected.stdout
     unchanged = Unchanged(run)
     in_place = write_recipe(tmp_path / "in_place.yaml", run)
     proc = run_cli("train-sl", "--config", str(in_place), "--resume", str(anonymous),
@@ -223,10 +234,11 @@ def test_checkpoint_without_identity_resumes_only_into_a_fresh_destination(
     assert len(FRESH_COMMAND.findall(out)) == 1, out
     unchanged.check()
 
-    fresh = write_recipe(tmp_path / "fresh.yaml", tmp_path / "fresh",
+    fresh = write_recipe(tmp_path / "fresh.yaml", tmp_path / "elsewhere",
                          **{"trainer.max_updates": 110})
     assert_ok(run_cli("train-sl", "--config", str(fresh), "--resume", str(anonymous),
-                      "--no-progress"))
+                      "--set", f"trainer.output_dir={tmp_path / 'fresh'}", "--no-progress"))
+    assert not (tmp_path / "elsewhere").exists()
     unchanged.check()
     new = run_json(tmp_path / "fresh")
     assert re.fullmatch(r"[0-9a-f]{32}", new["run_id"])
