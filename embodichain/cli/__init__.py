@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from embodichain.cli import config_cmd, factories_cmd, inspect_cmd, train_cmd
+from embodichain.cli import config_cmd, factories_cmd, init_cmd, inspect_cmd, train_cmd
 
 app = typer.Typer(
     name="embodichain",
@@ -18,6 +18,7 @@ train_cmd.register(app)
 config_cmd.register(app)
 inspect_cmd.register(app)
 factories_cmd.register(app)
+init_cmd.register(app)
 
 
 def main() -> None:

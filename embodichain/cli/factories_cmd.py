@@ -26,8 +26,10 @@ def list_factories(
             check_factory,
             registered_factories,
         )
+        from embodichain.plugins.recipe_files import registered_recipes
 
         infos = [check_factory(info) for info in registered_factories()]
+        recipes = {recipe.name for recipe in registered_recipes()}
         console = Console()
         if not infos:
             console.print(f"No factories registered in entry-point group {ENTRY_POINT_GROUP}.")
@@ -38,10 +40,12 @@ def list_factories(
         table.add_column("distribution", overflow="fold")
         table.add_column("version", no_wrap=True)
         table.add_column("status", no_wrap=True)
+        table.add_column("example recipe", no_wrap=True)  # `embodichain init NAME FILE`
         for info in infos:
             status = "[green]ok[/]" if info.error is None else "[red]broken[/]"
             table.add_row(escape(info.name), escape(info.target),
-                          escape(info.distribution or "-"), escape(info.version or "-"), status)
+                          escape(info.distribution or "-"), escape(info.version or "-"), status,
+                          f"init {escape(info.name)}" if info.name in recipes else "-")
         console.print(table)
         # The reasons go below the table: they are long, and a narrow column mangles them.
         for info in infos:

@@ -1,0 +1,81 @@
+"""Example recipes that packages ship, for `embodichain init NAME FILE` (no checkout needed).
+
+A distribution registers a recipe under the entry-point group `embodichain.sl_recipes`:
+the entry point's name is the recipe's name and its value a package that holds `NAME.yaml`
+as package data, e.g. `sl_ddp = "embodichain.plugins.recipes"`. Such a package imports
+nothing heavy, so finding and copying a recipe never imports torch or the factory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import importlib_metadata
+
+from embodichain.core.errors import RefusedError, UsageError
+
+RECIPE_GROUP = "embodichain.sl_recipes"
+
+
+@dataclass(frozen=True)
+class RecipeInfo:
+    """One packaged recipe: `init` name, the package holding `NAME.yaml`, its distribution."""
+
+    name: str
+    package: str
+    distribution: str | None
+
+
+def registered_recipes() -> list[RecipeInfo]:
+    """Every entry point of the recipe group, without importing anything."""
+    found = []
+    for ep in importlib_metadata.entry_points(group=RECIPE_GROUP):
+        dist = None
+        try:  # damaged metadata must not hide the other recipes
+            dist = ep.dist.metadata["Name"] if ep.dist is not None else None
+        except Exception:
+            pass
+        found.append(RecipeInfo(ep.name, ep.value.strip(), dist))
+    return sorted(found, key=lambda info: (info.name, info.distribution or ""))
+
+
+def recipe_text(name: str) -> str:
+    """The YAML text of the packaged recipe `name`; UsageError if there is none."""
+    infos = registered_recipes()
+    matches = [info for info in infos if info.name == name]
+    if not matches:
+        names = sorted({info.name for info in infos})
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise UsageError(f"no packaged recipe named '{name}' ({hint}available: "
+                         f"{', '.join(names) or 'none'}; entry-point group {RECIPE_GROUP})")
+    info = matches[0]
+    try:
+        return resources.files(info.package).joinpath(f"{name}.yaml").read_text("utf-8")
+    except (ImportError, OSError) as exc:
+        raise UsageError(f"recipe '{name}' of distribution {info.distribution or '?'} is "
+                         f"registered but {info.package}/{name}.yaml cannot be read: "
+                         f"{exc}") from None
+
+
+def write_recipe_copy(name: str, destination: Path, header: str = "") -> Path:
+    """Write `header` + the packaged recipe to `destination`, never replacing a file."""
+    text = recipe_text(name)
+    if destination.exists() or destination.is_symlink():
+        raise RefusedError(f"{destination} already exists; choose another file name or remove "
+                           "it first. Nothing was changed.")
+    try:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: a file that appears meanwhile is never overwritten either.
+        fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise RefusedError(f"{destination} already exists; nothing was changed") from None
+    except OSError as exc:
+        raise UsageError(f"cannot write {destination}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(header + text)
+    return destination
