@@ -15,7 +15,9 @@ from embodichain_models.dynamics.nerd.physics import (
 )
 
 
-def test_energy_drift_below_one_percent_without_force_or_limit_contact() -> None:
+def test_energy_drift_below_a_tenth_of_a_percent_without_force_or_limit_contact() -> None:
+    """Semi-implicit Euler keeps energy within 0.072% here (its error oscillates, no secular
+    growth); explicit Euler drifts 0.38% and dropping the cart coupling 16%: both fail."""
     params = CartPoleParams(dt=1 / 600)  # small frame time: 1/3000 s substeps
     steps = round(2.0 / params.dt)  # 2 s
     # A swinging and spinning pole on a slowly moving cart, far from the ±4 m limits.
@@ -25,7 +27,7 @@ def test_energy_drift_below_one_percent_without_force_or_limit_contact() -> None
     assert states[..., 0].abs().max() < params.x_limit  # no limit contact
     e = energy(states, params)
     drift = ((e - e[:, :1]).abs().amax(1) / e[:, 0]).max().item()
-    assert drift < 0.01, f"relative energy drift {drift:.2%}"
+    assert drift < 0.001, f"relative energy drift {drift:.3%}"
 
 
 def test_small_oscillation_about_hanging_position_matches_analytic_period() -> None:
@@ -48,7 +50,9 @@ def test_small_oscillation_about_hanging_position_matches_analytic_period() -> N
     ]
     assert len(crossings) >= 4
     measured = (crossings[-1] - crossings[0]) / (len(crossings) - 1)
-    assert measured == pytest.approx(period, rel=0.02)
+    # Measured 2.2e-5 off (the amplitude correction θ₀²/16 = 2.5e-5); a pole that ignores the
+    # cart (coupling term m_p l cosθ dropped) swings 1.8% too fast.
+    assert measured == pytest.approx(period, rel=2e-4)
 
 
 def test_mass_matrix_dynamics_match_a_direct_solve() -> None:
