@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -42,6 +43,26 @@ def artifacts_in(directory: Path) -> list[str]:
     return names
 
 
+def output_dir_problem(directory: Path) -> str | None:
+    """Why a fresh run could not start in `directory` now, or None (for warnings)."""
+    if directory.exists() and not directory.is_dir():
+        return f"trainer.output_dir {directory} exists and is not a directory"
+    found = artifacts_in(directory)
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        return (f"trainer.output_dir {directory} already holds a run ({shown}); train-sl "
+                f"would refuse it (continue it with `embodichain resume {directory}`)")
+    ancestor = directory
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if ancestor != directory and not ancestor.is_dir():
+        return f"trainer.output_dir {directory} cannot be created: {ancestor} is a file"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return (f"trainer.output_dir {directory} cannot be written: no write permission on "
+                f"{ancestor}")
+    return None
+
+
 def require_fresh(directory: Path) -> None:
     if directory.exists() and not directory.is_dir():
         raise RefusedError(f"trainer.output_dir {directory} exists and is not a directory")
@@ -54,6 +75,22 @@ def require_fresh(directory: Path) -> None:
             f"--set trainer.output_dir={directory}_2, or continue that run with "
             f"`embodichain resume {directory}`. Nothing was changed."
         )
+
+
+# `.NAME.PID[.HEX].tmp`: what an atomic write of a checkpoint, run.json or metrics.jsonl
+# leaves behind when killed. Never `*.pt`, so never mistaken for a snapshot.
+_TEMP_FILE = re.compile(r"^\.[\w.-]+\.(pt|json|jsonl)\.\d+(\.[0-9a-f]+)?\.tmp$")
+
+
+def remove_stale_temp_files(directory: Path) -> list[str]:
+    """Delete temporary files that killed writes left; call only while holding the run lock
+    (no live writer can own them then). Returns the names removed."""
+    removed = []
+    for path in directory.iterdir():
+        if _TEMP_FILE.match(path.name) and path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return sorted(removed)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -73,9 +110,9 @@ def claim(directory: Path, identity: dict[str, Any]) -> None:
     never replaces an existing name, so the claim is atomic and run.json is never partial.
     """
     require_fresh(directory)
-    directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{RUN_JSON}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
+        directory.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w") as f:
             json.dump(identity, f, indent=2)
             f.write("\n")
@@ -88,8 +125,15 @@ def claim(directory: Path, identity: dict[str, Any]) -> None:
                 f"trainer.output_dir {directory} was claimed by another run at the same time "
                 "(run.json appeared); nothing was changed"
             ) from None
+    except OSError as exc:
+        # Bad input, not a training failure: name the key and the reason, not our temp file.
+        where = (f" ({exc.filename})" if exc.filename not in (None, str(tmp), str(directory))
+                 else "")
+        raise RefusedError(f"trainer.output_dir {directory} cannot be used: "
+                           f"{exc.strerror or exc}{where}; nothing was changed") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp.exists():  # not `missing_ok`: under a file, unlink fails with ENOTDIR
+            tmp.unlink()
 
 
 def read_run_json(directory: Path) -> dict[str, Any] | None:

@@ -42,12 +42,7 @@ class RunLock:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.close()
-            holder = lock_holder(self.directory) or {}
-            raise RefusedError(
-                f"{self.directory} is in use by a live run ({describe_holder(holder)}); only "
-                "one process may write a run directory. Wait for it to end or stop it "
-                "(Ctrl-C saves a snapshot), then run this command again. Nothing was changed."
-            ) from None
+            raise _in_use(self.directory, lock_holder(self.directory) or {}) from None
         f.seek(0)
         f.truncate()
         json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": started_at}, f)
@@ -79,6 +74,20 @@ def lock_holder(directory: Path) -> dict[str, Any] | None:
                 return {}
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return None
+
+
+def refuse_if_locked(directory: Path) -> None:
+    """RefusedError naming the holder when a live run holds `directory`; changes nothing."""
+    holder = lock_holder(directory)
+    if holder is not None:
+        raise _in_use(directory, holder)
+
+
+def _in_use(directory: Path, holder: dict[str, Any]) -> RefusedError:
+    return RefusedError(
+        f"{directory} is in use by a live run ({describe_holder(holder)}); only one process "
+        "may write a run directory. Wait for it to end or stop it (Ctrl-C saves a snapshot), "
+        "then run this command again. Nothing was changed.")
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
