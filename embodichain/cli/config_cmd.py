@@ -20,10 +20,16 @@ def validate_config(
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
         from embodichain.core.recipe import load_recipe
+        from embodichain.core.run_dir import output_dir_problem
 
-        recipe = load_recipe(config, overrides or [])
+        # The factory stays unimported when its distribution registers a torch-free schema.
+        recipe = load_recipe(config, overrides or [], import_factory=False)
         print_recipe(recipe.resolved)
         typer.echo(f"{config}: valid (factory {recipe.config.factory})", err=True)
+        # A warning, not an error: the recipe is valid; the directory may change before use.
+        problem = output_dir_problem(Path(recipe.config.trainer.output_dir))
+        if problem is not None:
+            typer.echo(f"warning: {problem}", err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -23,14 +23,26 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    StrictInt,
+    StrictStr,
     create_model,
 )
 
+# Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
+# value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
+# takes text for a non-text type (e.g. a Path) opts out with `Strict(False)`.
+SECTION_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
+                            allow_inf_nan=False)
+
 
 class Section(BaseModel):
-    """Base of every recipe section: unknown keys are errors; assignments are re-validated."""
+    """Base of every recipe section: unknown keys are errors, types are strict (no `true` for
+    a number, no `"32"` for an integer), numbers finite; assignments are re-validated.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    Torch-free on purpose: schemas built on it can be validated without importing torch.
+    """
+
+    model_config = SECTION_CONFIG
 
 
 class TrainerConfig(Section):
@@ -43,10 +55,16 @@ class TrainerConfig(Section):
     """Write `step_N.pt` every N updates (0: only `last.pt` at the end)."""
     log_every: PositiveInt = 10
     output_dir: str
+    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
+    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
     save_best: bool = False
     """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
     keep_last: PositiveInt | None = None
     """Keep only the newest N `step_*.pt` files (default: keep all)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
+    optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
 
 
 class OptimizerConfig(Section):
@@ -67,8 +85,8 @@ class SchedulerConfig(Section):
 class FrameworkConfig(Section):
     """The framework-owned part of every recipe."""
 
-    factory: str
-    seed: int = 0
+    factory: StrictStr
+    seed: StrictInt = 0
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     trainer: TrainerConfig
     optimizer: OptimizerConfig
@@ -83,7 +101,11 @@ RESUMABLE_CHANGES = (
     "trainer.save_every",
     "trainer.save_best",
     "trainer.keep_last",
+    "trainer.loggers",  # where metrics are shown, not what is trained
     "trainer.max_updates",
+    # A policy for updates that never happen in a healthy run: switching it changes nothing
+    # about the finite ones, and checkpoints written before the key existed stay resumable.
+    "trainer.on_nonfinite",
 )
 
 
@@ -113,6 +135,16 @@ def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _COMBINED: dict[Any, type[BaseModel]] = {}
+# The whole recipe is not strict at its top level: a factory's own top-level fields keep the
+# factory's choice (a dataclass `path: Path` must take YAML text). The framework's fields are
+# strict by their types, its sections by `Section`; the recipe check refuses `true` for a
+# number and non-finite numbers in every schema (core/recipe.py).
+_COMBINED_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, strict=False,
+                              allow_inf_nan=False)
+
+
+class _CombinedBase(FrameworkConfig):
+    model_config = _COMBINED_CONFIG
 
 
 def combined_schema(recipe_schema: Any) -> type[BaseModel]:
@@ -127,7 +159,7 @@ def combined_schema(recipe_schema: Any) -> type[BaseModel]:
         return _COMBINED[recipe_schema]
     if isinstance(recipe_schema, type) and issubclass(recipe_schema, BaseModel):
         combined = type(f"{recipe_schema.__name__}Recipe", (recipe_schema, FrameworkConfig),
-                        {"model_config": ConfigDict(extra="forbid", validate_assignment=True)})
+                        {"model_config": _COMBINED_CONFIG})
     elif dataclasses.is_dataclass(recipe_schema):
         hints = typing.get_type_hints(recipe_schema)
         fields: dict[str, Any] = {}
@@ -139,7 +171,7 @@ def combined_schema(recipe_schema: Any) -> type[BaseModel]:
             else:
                 default = ...
             fields[f.name] = (hints[f.name], default)
-        combined = create_model(f"{recipe_schema.__name__}Recipe", __base__=FrameworkConfig,
+        combined = create_model(f"{recipe_schema.__name__}Recipe", __base__=_CombinedBase,
                                 **fields)
     else:
         raise TypeError(f"config_schema must be a pydantic model or a dataclass, "

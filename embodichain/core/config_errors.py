@@ -4,11 +4,13 @@ lines, with did-you-mean for unknown keys (R-CFG-5)."""
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import difflib
 import json
+import math
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +22,7 @@ _TYPE_TEXT = {
     "int_from_float": "expected an integer",
     "float_parsing": "expected a number",
     "float_type": "expected a number",
+    "finite_number": "expected a finite number",
     "bool_parsing": "expected true or false",
     "bool_type": "expected true or false",
     "string_type": "expected a string",
@@ -92,8 +95,87 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> li
             text = _TYPE_TEXT.get(kind, err["msg"][:1].lower() + err["msg"][1:])
         if kind.startswith("int") and _positive_int(schema, loc):
             text = "expected a positive integer"
-        problems.append(f"{path}: {text}, got {json.dumps(err.get('input'), default=str)}")
+        value = err.get("input")
+        problems.append(f"{path}: {text}, got {shown(value)}"
+                        + (_number_text_hint(value) if kind.startswith(("int", "float")) else ""))
     return problems
+
+
+def shown(value: Any) -> str:
+    """A recipe value as the user wrote it: JSON, but YAML's `.inf` / `.nan` spellings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    return json.dumps(value, default=str)
+
+
+def _number_text_hint(value: Any) -> str:
+    """Why a number arrived as text: YAML 1.1 reads `1e18` (no dot) as a string."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = decimal.Decimal(value.strip())
+    except decimal.InvalidOperation:
+        return ""
+    if not number.is_finite():
+        return ""
+    if number == number.to_integral_value():
+        return (f" (YAML reads {value} as text, not a number; write the integer in full: "
+                f"{int(number)})")
+    mantissa, _, exponent = value.strip().lower().partition("e")
+    if exponent and "." not in mantissa:  # 1e-3: YAML wants a dot in the mantissa
+        return f" (YAML reads {value} as text, not a number; write {mantissa}.0e{exponent})"
+    return ""
+
+
+def strict_value_problems(schema: type[BaseModel], raw: Mapping[str, Any]) -> list[str]:
+    """What every schema refuses, whatever its own strictness: `true`/`false` where a number
+    is expected (pydantic's lax mode would take it as 1/0) and non-finite numbers anywhere.
+    """
+    problems: list[str] = []
+    _walk_values(raw, schema, (), problems, schema)
+    return problems
+
+
+def _walk_values(value: Any, annotation: Any, loc: tuple[str, ...], problems: list[str],
+                 schema: type[BaseModel]) -> None:
+    path = ".".join(loc) or "(recipe)"
+    if isinstance(value, bool):
+        if annotation is not None and _is_number_type(annotation):
+            text = ("expected a positive integer" if _positive_int(schema, loc)
+                    else "expected an integer" if _is_number_type(annotation, (int,))
+                    else "expected a number")
+            problems.append(f"{path}: {text}, got {shown(value)} (a boolean is not a number)")
+    elif isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{path}: expected a finite number, got {shown(value)}")
+    elif isinstance(value, Mapping):
+        fields = _fields_of(annotation) if annotation is not None else None
+        for key, item in value.items():
+            _walk_values(item, (fields or {}).get(key), (*loc, str(key)), problems, schema)
+    elif isinstance(value, list | tuple):
+        item_type = _item_type(annotation)
+        for i, item in enumerate(value):
+            _walk_values(item, item_type, (*loc, str(i)), problems, schema)
+
+
+def _is_number_type(annotation: Any, kinds: tuple[type, ...] = (int, float)) -> bool:
+    """int / float (constrained or optional), and no bool or other type among the choices."""
+    annotation = _strip_annotated(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return bool(args) and all(_is_number_type(a, kinds) for a in args)
+    return (isinstance(annotation, type) and issubclass(annotation, kinds)
+            and not issubclass(annotation, bool))
+
+
+def _item_type(annotation: Any) -> Any:
+    annotation = _strip_annotated(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = _strip_annotated(args[0]) if len(args) == 1 else None
+    if typing.get_origin(annotation) in (list, tuple, set, frozenset, Sequence):
+        args = typing.get_args(annotation)
+        return args[0] if args else None
+    return None
 
 
 _UNKNOWN = {"extra_forbidden", "unexpected_keyword_argument"}  # models / dataclasses

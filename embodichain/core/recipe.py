@@ -20,6 +20,7 @@ from embodichain.core.config_errors import (
     annotation_at,
     format_validation_error,
     is_text,
+    strict_value_problems,
 )
 from embodichain.core.errors import ConfigError
 
@@ -186,15 +187,21 @@ def _typed_value(override: Override, schema: type[BaseModel] | None) -> Any:
         return text  # the schema will say what it expected
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
-    """Read, override and validate a recipe file; raises ConfigError listing every problem."""
-    return validate_recipe(read_recipe_file(path), source=str(path), overrides=overrides)
+def load_recipe(path: str | Path, overrides: Sequence[str] = (), import_factory: bool = True
+                ) -> Recipe:
+    """Read, override and validate a recipe file; raises ConfigError listing every problem.
+
+    `import_factory=False`: a factory with a torch-free registered schema is not imported
+    (its `Recipe.factory` imports it when called); for commands that only check.
+    """
+    return validate_recipe(read_recipe_file(path), source=str(path), overrides=overrides,
+                           import_factory=import_factory)
 
 
 def validate_recipe(raw: Mapping[str, Any], source: str | None = None,
-                    overrides: Sequence[str] = ()) -> Recipe:
+                    overrides: Sequence[str] = (), import_factory: bool = True) -> Recipe:
     """Validate a recipe mapping (after `overrides`) against the framework and factory schema."""
-    checked = check_recipe(raw, source, overrides)
+    checked = check_recipe(raw, source, overrides, import_factory=import_factory)
     if checked.recipe is None:
         raise ConfigError(checked.problems, source)
     return checked.recipe
@@ -213,7 +220,7 @@ class RecipeCheck:
 
 
 def check_recipe(raw: Mapping[str, Any], source: str | None = None,
-                 overrides: Sequence[str] = ()) -> RecipeCheck:
+                 overrides: Sequence[str] = (), import_factory: bool = True) -> RecipeCheck:
     """Validate without raising for recipe problems (malformed `--set` items still raise)."""
     from embodichain.plugins.discovery import FactoryError, resolve_factory
 
@@ -231,7 +238,7 @@ def check_recipe(raw: Mapping[str, Any], source: str | None = None,
         factory_problem = f"expected a name or 'module:attribute', got {factory_ref!r}"
     else:
         try:
-            factory = resolve_factory(factory_ref)
+            factory = resolve_factory(factory_ref, import_factory=import_factory)
         except FactoryError as exc:
             factory_problem = str(exc)
     schema: type[BaseModel] = FrameworkConfig
@@ -245,18 +252,22 @@ def check_recipe(raw: Mapping[str, Any], source: str | None = None,
         problems.append(f"factory: {factory_problem}")
     raw = apply_overrides(raw, overrides, schema)
 
+    strict = strict_value_problems(schema, raw)
     if factory is None:
         # Still check the framework's own sections, so that every problem shows at once.
         framework_part = {k: v for k, v in raw.items() if k in FrameworkConfig.model_fields}
-        problems += _validation_problems(FrameworkConfig, framework_part)
+        problems += strict + _without_keys(_validation_problems(FrameworkConfig, framework_part),
+                                           strict)
     else:
         try:
             config = schema.model_validate(raw)
         except ValidationError as exc:
-            problems += format_validation_error(exc, schema)
+            problems += strict + _without_keys(format_validation_error(exc, schema), strict)
         else:
-            recipe = Recipe(config=config, factory=factory, source=source)
-            return RecipeCheck(recipe, [], raw)
+            if not strict:
+                recipe = Recipe(config=config, factory=factory, source=source)
+                return RecipeCheck(recipe, [], raw)
+            problems += strict
     problems = _mark_overrides(_dedupe(problems), _parse_overrides(overrides)[0])
     return RecipeCheck(None, problems, raw, factory_problem)
 
@@ -289,6 +300,12 @@ def _mark_overrides(problems: list[str], overrides: Sequence[Override]) -> list[
                 break
         marked.append(problem)
     return marked
+
+
+def _without_keys(problems: list[str], reported: list[str]) -> list[str]:
+    """Drop problems about keys that `reported` already explains (one line per key)."""
+    keys = {p.partition(": ")[0] for p in reported}
+    return [p for p in problems if p.partition(": ")[0] not in keys]
 
 
 def _dedupe(items: list[str]) -> list[str]:

@@ -11,36 +11,16 @@ from __future__ import annotations
 import hashlib
 
 import torch
-from pydantic import BaseModel, ConfigDict, PositiveInt
 from torch import nn
 
-from embodichain.learning.sl import (
-    LossResult,
-    Section,
-    SupervisedTrainer,
-    TensorSource,
-)
+from embodichain.learning.sl import LossResult, SupervisedTrainer, TensorSource
+from embodichain.plugins.sl_ddp_schema import DataConfig, ModelConfig, SlDdpConfig
+
+__all__ = ["DataConfig", "ModelConfig", "SlDdpConfig", "build_supervised_trainer",
+           "make_corpus", "make_model", "masked_mse", "validation_seed"]
 
 _W0 = (0.5, -1.0, 0.25, 2.0)
 _W1 = (1.0, 0.5, -0.5, 0.0)
-
-
-class ModelConfig(Section):
-    hidden: PositiveInt = 32
-
-
-class DataConfig(Section):
-    train_size: PositiveInt = 4096
-    val_size: PositiveInt = 1024
-    seed: int = 1234
-
-
-class SlDdpConfig(BaseModel):
-    """Recipe-owned sections of `sl_ddp`."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: ModelConfig = ModelConfig()
-    data: DataConfig = DataConfig()
 
 
 def validation_seed(seed: int) -> int:

@@ -2,26 +2,58 @@
 
 A factory is `build_supervised_trainer(config, device) -> SupervisedTrainer` with a
 `config_schema` attribute describing its own recipe sections; it is registered in the
-entry-point group `embodichain.sl_factories` or named as `module.path:attribute`.
+entry-point group `embodichain.sl_factories` or named as `module.path:attribute`. A factory
+whose module imports torch may also register its schema, from a module that does not, in
+the group `embodichain.sl_schemas` under the same name: `validate-config` and
+`list-factories` then never import torch.
+
+Names are imported on first use, so `from embodichain.learning.sl import Section` (the
+config types) does not import torch, while `SupervisedTrainer` and friends do.
 """
 
-from embodichain.core.callbacks import SaveBest, ValidationCallback
-from embodichain.core.checkpoint import read_checkpoint, write_checkpoint
-from embodichain.core.config import (
-    FrameworkConfig,
-    OptimizerConfig,
-    SchedulerConfig,
-    Section,
-    TrainerConfig,
-)
-from embodichain.core.distributed import distributed_run
-from embodichain.core.errors import ConfigError, UsageError
-from embodichain.core.learner import Learner
-from embodichain.core.objective import LossResult, Objective
-from embodichain.core.source import ReplacementSampler, Source, TensorSource, tensor_digest
-from embodichain.core.trainer import Evaluate, RunContext, SupervisedTrainer
+from __future__ import annotations
 
-__all__ = [
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from embodichain.core.callbacks import SaveBest, ValidationCallback
+    from embodichain.core.checkpoint import read_checkpoint, write_checkpoint
+    from embodichain.core.config import (
+        FrameworkConfig,
+        OptimizerConfig,
+        SchedulerConfig,
+        Section,
+        TrainerConfig,
+    )
+    from embodichain.core.distributed import distributed_run
+    from embodichain.core.errors import ConfigError, UsageError
+    from embodichain.core.learner import Learner
+    from embodichain.core.objective import LossResult, Objective
+    from embodichain.core.source import (
+        ReplacementSampler,
+        Source,
+        TensorSource,
+        tensor_digest,
+    )
+    from embodichain.core.trainer import Evaluate, RunContext, SupervisedTrainer
+
+_HOMES = {
+    "embodichain.core.callbacks": ("SaveBest", "ValidationCallback"),
+    "embodichain.core.checkpoint": ("read_checkpoint", "write_checkpoint"),
+    "embodichain.core.config": ("FrameworkConfig", "OptimizerConfig", "SchedulerConfig",
+                                "Section", "TrainerConfig"),
+    "embodichain.core.distributed": ("distributed_run",),
+    "embodichain.core.errors": ("ConfigError", "UsageError"),
+    "embodichain.core.learner": ("Learner",),
+    "embodichain.core.objective": ("LossResult", "Objective"),
+    "embodichain.core.source": ("ReplacementSampler", "Source", "TensorSource",
+                                "tensor_digest"),
+    "embodichain.core.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "ConfigError",
     "Evaluate",
     "FrameworkConfig",
@@ -45,3 +77,16 @@ __all__ = [
     "tensor_digest",
     "write_checkpoint",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,6 +2,9 @@
 
 The framework combines `NerdConfig` with its own config by inheritance, so the top-level
 validator below also sees `device`, `trainer`, `optimizer`, ...
+
+No torch at import: this module is registered in the entry-point group
+`embodichain.sl_schemas`, so checking a recipe (`validate-config`) stays fast.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-import torch
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -17,6 +19,7 @@ from pydantic import (
     Field,
     PositiveFloat,
     PositiveInt,
+    Strict,
     model_validator,
 )
 
@@ -32,7 +35,14 @@ def _existing_file(path: Path) -> Path:
     return path
 
 
-DataFile = Annotated[Path, AfterValidator(_existing_file)]
+# Strict(False): YAML gives the path as text.
+DataFile = Annotated[Path, Strict(False), AfterValidator(_existing_file)]
+
+
+def _cuda_available() -> bool:
+    import torch  # only for fp16 with device: auto, so that validation stays torch-free
+
+    return torch.cuda.is_available()
 
 
 class ModelSection(Section):
@@ -105,8 +115,8 @@ class NerdConfig(BaseModel):
                 "attention.causal: true, or loss.mask: last_position")
         # `device` exists once combined with the framework's config.
         device = getattr(self, "device", None)
-        on_cpu = device == "cpu" or device == "auto" and not torch.cuda.is_available()
-        if self.precision == "fp16" and on_cpu:
+        if self.precision == "fp16" and (device == "cpu" or device == "auto"
+                                         and not _cuda_available()):
             where = "device: cpu" if device == "cpu" else "device: auto, with no CUDA device here"
             problems.append(
                 f"precision: fp16 is not supported on CPU ({where}): there is no fp16 autocast "
