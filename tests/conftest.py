@@ -84,7 +84,11 @@ def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 def _train_example(root: Path, launch) -> Path:
     recipe = write_recipe(root / "cpu.yaml", root / "run")
-    assert_ok(launch("train-sl", "--config", str(recipe), "--no-progress"))
+    proc = launch("train-sl", "--config", str(recipe), "--no-progress")
+    assert_ok(proc)
+    # What the run printed, beside (not inside) its directory, for tests of the output.
+    (root / "stdout.txt").write_text(proc.stdout)
+    (root / "stderr.txt").write_text(proc.stderr)
     return root / "run"
 
 
