@@ -58,9 +58,6 @@ class TrainerConfig(Section):
     loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
     """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
     `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
-    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
-    """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
-    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
     save_best: bool = False
     """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
     keep_last: PositiveInt | None = None
@@ -104,7 +101,6 @@ RESUMABLE_CHANGES = (
     "trainer.save_every",
     "trainer.save_best",
     "trainer.keep_last",
-    "trainer.loggers",  # where metrics are shown, not what is trained
     "trainer.loggers",  # where metrics are shown, not what is trained
     "trainer.max_updates",
     # A policy for updates that never happen in a healthy run: switching it changes nothing
