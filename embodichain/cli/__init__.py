@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from embodichain.cli import config_cmd, factories_cmd, init_cmd, inspect_cmd, train_cmd
+from embodichain.cli import (
+    config_cmd,
+    factories_cmd,
+    init_cmd,
+    inspect_cmd,
+    report_cmd,
+    train_cmd,
+)
 
 app = typer.Typer(
     name="embodichain",
@@ -19,6 +26,7 @@ config_cmd.register(app)
 inspect_cmd.register(app)
 factories_cmd.register(app)
 init_cmd.register(app)
+report_cmd.register(app)
 
 
 def main() -> None:
