@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from embodichain.core.config import OptimizerConfig, SchedulerConfig
 from embodichain.core.distributed import is_distributed
+from embodichain.core.nonfinite import nonfinite_loss
 from embodichain.core.objective import LossResult, Objective
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -140,7 +141,8 @@ class Learner:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             torch._foreach_div_(grads, weight)
         totals = self._reduce.reduced.tolist()
-        skipped = totals[0] == 0.0
+        nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
+        skipped = totals[0] == 0.0 or nonfinite
         if not skipped:
             # A global batch with no weight does not step: Adam would still move parameters.
             if self.grad_clip is not None:
@@ -150,7 +152,7 @@ class Learner:
             self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._summary(totals, skipped)
+        return {**self._summary(totals, skipped), **({"nonfinite": 1.0} if nonfinite else {})}
 
     def _local_statistics(self, result: LossResult) -> torch.Tensor:
         names = sorted(result.metrics)

@@ -221,7 +221,9 @@ class MetricsWriter:
         self._file: IO[str] = open(path, "a")  # noqa: SIM115 - lives as long as the run
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        # allow_nan=False: strict JSON, so a NaN that slipped through is an error, not a line
+        # that strict parsers reject (the trainer leaves non-finite values out).
+        self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
         self._file.flush()
 
     def write_many(self, records: Iterable[dict[str, Any]]) -> None:

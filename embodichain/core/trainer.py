@@ -23,6 +23,7 @@ from embodichain.core.checkpoint import (
 from embodichain.core.config import FrameworkConfig
 from embodichain.core.errors import TrainingError
 from embodichain.core.learner import Learner, Precision
+from embodichain.core.nonfinite import finite_values, stop_message
 from embodichain.core.objective import Objective
 from embodichain.core.progress import ProgressReporter, log
 from embodichain.core.rank_state import (
@@ -116,6 +117,7 @@ class SupervisedTrainer:
             while self.step < t.max_updates:
                 summary = self.learner.update(self.objective, self._next_batch())
                 self.step += 1
+                self._check_finite(summary)
                 if summary["skipped"]:
                     self._record({"train/skipped": 1})
                 if self.step % t.log_every == 0:
@@ -146,7 +148,18 @@ class SupervisedTrainer:
         self._record(record)
         progress.update(self.step, loss=summary.get("loss", float("nan")))
 
+    def _check_finite(self, summary: Mapping[str, float]) -> None:
+        """`trainer.on_nonfinite` after an update whose global loss was not finite (the
+        learner did not apply it): `stop` raises here, on every rank at the same update."""
+        if not summary.get("nonfinite"):
+            return
+        self._record({"train/nonfinite": 1})
+        if self.config.trainer.on_nonfinite == "stop":
+            raise TrainingError(stop_message(self.step, summary.get("loss"),
+                                             self._require_run().directory))
+
     def _record(self, values: Mapping[str, Any]) -> None:
+        values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
         self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
         run = self._require_run()
         if run.metrics is not None:
