@@ -10,6 +10,7 @@ from embodichain.cli import (
     init_cmd,
     inspect_cmd,
     report_cmd,
+    runs_cmd,
     train_cmd,
 )
 
@@ -27,6 +28,7 @@ inspect_cmd.register(app)
 factories_cmd.register(app)
 init_cmd.register(app)
 report_cmd.register(app)
+runs_cmd.register(app)
 
 
 def main() -> None:

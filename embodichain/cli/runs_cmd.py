@@ -1,0 +1,57 @@
+"""`runs`: the run directories below a directory, with their state (running from the lock)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from embodichain.cli.common import DEBUG_HELP, reported_errors
+
+
+def runs(
+    root: Annotated[Path, typer.Argument(help="Directory to search for runs.",
+                                         file_okay=False)] = Path("outputs"),
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document for scripts.")]
+    = False,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+) -> None:
+    """List runs: id, factory, world size, state, newest snapshot, last validation/mse."""
+    with reported_errors(debug):
+        from rich.console import Console
+        from rich.markup import escape
+        from rich.table import Table
+
+        from embodichain.core.errors import UsageError
+        from embodichain.core.runs import describe_run, find_runs
+
+        if not root.is_dir():
+            raise UsageError(f"{root} is not a directory; name the directory that holds your "
+                             "runs, e.g. `embodichain runs outputs`")
+        rows = [describe_run(directory) for directory in find_runs(root)]
+        if as_json:
+            print(json.dumps([row.as_json() for row in rows], indent=2))
+            return
+        console = Console()
+        if not rows:
+            console.print(f"No runs below {escape(str(root))} (no run.json found).")
+            return
+        table = Table(title=f"Runs below {escape(str(root))}")
+        for name in ("directory", "run id", "factory", "world", "state", "snapshot",
+                     "validation/mse", "modified"):
+            table.add_column(name, overflow="fold")
+        for row in rows:
+            color = {"running": "cyan", "finished": "green"}.get(row.state, "yellow")
+            mse = f"{row.validation_mse:.4g}" if row.validation_mse is not None else "-"
+            table.add_row(escape(row.directory), escape((row.run_id or "-")[:12]),
+                          escape(row.factory or "-"), str(row.world_size or "-"),
+                          f"[{color}]{escape(row.state_text)}[/]",
+                          str(row.snapshot_step) if row.snapshot_step is not None else "-",
+                          mse, row.modified)
+        console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("runs")(runs)
