@@ -11,11 +11,10 @@ from conftest import (
     REPO,
     assert_ok,
     run_torchrun,
-    snapshot_dir,
-    tensors_by_path,
     worker_env,
     write_recipe,
 )
+from state_compare import assert_training_state_equal
 
 FACTORIES = REPO / "tests" / "factories"
 
@@ -40,30 +39,35 @@ def test_resume_run_dir_after_a_crash_equals_the_uninterrupted_run(
     env = worker_env(PYTHONPATH=str(FACTORIES))
     assert_ok(run_torchrun("resume", str(run), "--no-progress", env=env))
 
-    ours = torch.load(run / "last.pt", weights_only=True)["payload"]
-    reference = torch.load(sl_ddp_two_workers / "last.pt", weights_only=True)["payload"]
-    assert ours["run"]["step"] == reference["run"]["step"] == 200
-    for part in ("learner", "ranks"):
-        mine, theirs = dict(tensors_by_path(ours[part])), dict(tensors_by_path(reference[part]))
-        assert mine.keys() == theirs.keys()
-        for key in mine:
-            assert torch.equal(mine[key], theirs[key]), f"{part}{key} differs"
+    assert torch.load(run / "last.pt", weights_only=True)["manifest"]["step"] == 200
+    for name in ("step_200.pt", "last.pt"):  # every part of the state, not only its tensors
+        assert assert_training_state_equal(sl_ddp_two_workers / name, run / name) >= 18
     assert _records_after(run / "metrics.jsonl", 150) == \
         _records_after(sl_ddp_two_workers / "metrics.jsonl", 150)
     events = json.loads((run / "run.json").read_text())["events"]
     assert [(e["event"], e["step"]) for e in events] == [("resumed", 150)]
 
 
-def test_resume_run_dir_is_refused_when_history_is_ahead(sl_ddp_two_workers: Path,
-                                                         tmp_path: Path) -> None:
+def test_resume_run_dir_rolls_back_history_beyond_the_snapshot(sl_ddp_two_workers: Path,
+                                                               tmp_path: Path) -> None:
+    """R-RESUME-6: records after the newest snapshot are moved aside, not mixed or lost."""
     run = tmp_path / "run"
     shutil.copytree(sl_ddp_two_workers, run)
+    (run / "step_200.pt").unlink()
     shutil.copyfile(run / "step_100.pt", run / "last.pt")  # metrics go on to 200
-    before = snapshot_dir(run)
+    original = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    beyond = [line for line in original if json.loads(line)["step"] > 100]
+
     proc = run_torchrun("resume", str(run), "--no-progress")
-    assert proc.returncode == 1  # torchrun's own code; each worker exited 2
-    assert "exitcode  : 2" in proc.stderr
-    message = "already has records up to update 200"
-    assert proc.stderr.count(message) == 1  # from rank 0 alone
-    assert "embodichain train-sl --config" in proc.stderr  # the fresh-destination command
-    assert snapshot_dir(run) == before
+    assert_ok(proc)
+    assert proc.stderr.count("rolled back") == 1  # one line, from rank 0 alone
+    events = json.loads((run / "run.json").read_text())["events"]
+    rolled = [e for e in events if e["event"] == "rolled_back"]
+    assert len(rolled) == 1 and rolled[0]["step"] == 100
+    assert rolled[0]["records"] == len(beyond) and rolled[0]["last_step"] == 200
+    assert (run / rolled[0]["moved_to"]).read_text() == "".join(beyond)  # byte for byte
+    assert rolled[0]["moved_to"] in proc.stderr
+    for name in ("step_200.pt", "last.pt"):
+        assert assert_training_state_equal(sl_ddp_two_workers / name, run / name) >= 18
+    assert _records_after(run / "metrics.jsonl", 0) == \
+        _records_after(sl_ddp_two_workers / "metrics.jsonl", 0)
