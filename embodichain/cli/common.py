@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Iterator
 
@@ -12,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from embodichain.core.errors import EmbodichainError, UsageError
+from embodichain.core.errors import EmbodichainError, Stopped, UsageError
 
 SET_HELP = "Override a recipe value, e.g. --set optimizer.lr=0.01 (repeatable)."
 DEBUG_HELP = "Show the full traceback on errors."
@@ -30,8 +32,10 @@ def error_console() -> Console:
 def reported_errors(debug: bool = False) -> Iterator[None]:
     """Turn errors into one paragraph and an exit code (2 bad input, 1 failure; SPEC §9).
 
-    Under torchrun a usage error is printed by rank 0 alone (every rank reaches the same
-    verdict); failures are printed by every rank, prefixed with its rank.
+    Under torchrun a usage error or a signal stop is printed by rank 0 alone (every rank
+    reaches the same verdict); failures are printed by every rank, prefixed with its rank.
+    Every non-zero exit under torchrun also leaves the message in the worker's elastic error
+    file, so torchrun's failure summary shows it as the root cause.
     """
     try:
         yield
@@ -41,12 +45,19 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         rank = env_rank()
         if debug:
             traceback.print_exc()
-        if rank == 0 or not isinstance(exc, UsageError):
+        if rank == 0 or not isinstance(exc, UsageError | Stopped):
             prefix = f"[rank {rank}] " if rank else ""
-            error_console().print(Text.assemble(prefix, ("error: ", "bold red"), str(exc)))
+            error_console().print(Text.assemble(prefix, ("error: ", "bold red")
+                                                if not isinstance(exc, Stopped) else "",
+                                                str(exc)))
+        record_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        error_console().print("interrupted")
+        rank = env_rank()
+        message = "interrupted at once (a second Ctrl-C): no snapshot was written for the " \
+                  "update in flight"
+        error_console().print(f"[rank {rank}] {message}" if rank else message)
+        record_error(message)
         raise typer.Exit(130) from None
     except Exception as exc:
         rank = env_rank()
@@ -57,4 +68,22 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         else:
             hint = " (run with --debug for the traceback)"
         print(f"{prefix}error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
+        record_error(f"{type(exc).__name__}: {exc}")
         raise typer.Exit(1) from None
+
+
+def record_error(message: str) -> None:
+    """Write `message` to torchrun's per-worker error file, if there is one.
+
+    The format is torch elastic's (`{"message": {"message", "extraInfo": {"timestamp"}}}`),
+    without a `py_callstack`, so torchrun's summary shows this one line as the root cause
+    instead of `<N/A>`.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message,
+                        "extraInfo": {"timestamp": str(int(time.time()))}}}
+    with contextlib.suppress(OSError):
+        with open(path, "w") as f:
+            json.dump(data, f)

@@ -48,3 +48,14 @@ class UnsafeCheckpointError(CheckpointError):
 
 class TrainingError(EmbodichainError):
     """A failure during training, e.g. a save that failed on rank 0 (exit 1)."""
+
+
+class Stopped(EmbodichainError):
+    """The run stopped on SIGINT / SIGTERM after saving a snapshot (exit 130 / 143).
+
+    Every rank raises it at the same update; only rank 0 prints its message.
+    """
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -2,9 +2,10 @@
 
 One optimizer update represents `sum_r(w_r * l_r) / sum_r(w_r)` over all ranks. Each rank
 back-propagates its weighted sum `w_r * l_r`; a DDP communication hook appends the local
-`[w_r, w_r * l_r, w_r * m_r...]` to every gradient bucket, so a single all-reduce per bucket
-yields both the gradient sums and the global weight, and divides by the latter. That is one
-collective per update instead of the two (weight, then gradients) of a hand-written loop.
+`[w_r, w_r * l_r, w_r * m_r..., stop_r]` to every gradient bucket, so a single all-reduce per
+bucket yields the gradient sums, the global weight (which it divides by) and whether any rank
+was asked to stop (R-SIG-1). That is one collective per update instead of the two (weight,
+then gradients) of a hand-written loop, and a stop costs no collective of its own.
 """
 
 from __future__ import annotations
@@ -124,14 +125,18 @@ class Learner:
             ddp.register_comm_hook(self._reduce, _weighted_allreduce_hook)
             self.wrapped = ddp
         self.metric_names: list[str] | None = None
+        self._stop_flags = {flag: torch.tensor(float(flag), device=device)
+                            for flag in (False, True)}
 
-    def update(self, objective: Objective, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """One optimizer update; returns global `weight`, `skipped`, and `loss` and metrics
-        (weighted means over all ranks; absent when the global weight is 0)."""
+    def update(self, objective: Objective, batch: dict[str, torch.Tensor], stop: bool = False
+               ) -> dict[str, float]:
+        """One optimizer update; returns global `weight`, `skipped`, `stop` (1.0 when any rank
+        passed `stop=True`), and `loss` and metrics (weighted means over all ranks; absent
+        when the global weight is 0)."""
         with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
                             enabled=self.precision != "fp32"):
             result = objective(self.wrapped, batch)
-        local = self._local_statistics(result)
+        local = self._local_statistics(result, stop)
         weighted_loss = result.loss.float() * local[0]
         self._reduce.local = local
         self.scaler.scale(weighted_loss).backward()
@@ -154,22 +159,24 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return {**self._summary(totals, skipped), **({"nonfinite": 1.0} if nonfinite else {})}
 
-    def _local_statistics(self, result: LossResult) -> torch.Tensor:
+    def _local_statistics(self, result: LossResult, stop: bool) -> torch.Tensor:
         names = sorted(result.metrics)
         if self.metric_names is None:
             self.metric_names = names
         weight = torch.as_tensor(result.weight, dtype=torch.float32, device=self.device)
         values = [weight, result.loss.detach().float() * weight]
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
+        values.append(self._stop_flags[stop])
         return torch.stack([v.reshape(()) for v in values])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
-        """Global weight, `skipped`, and the weighted means (absent when the weight is 0)."""
-        weight = totals[0]
-        summary = {"weight": weight, "skipped": float(skipped)}
+        """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
+        is 0)."""
+        weight, stop = totals[0], totals[-1]
+        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop > 0)}
         if weight:
             summary["loss"] = totals[1] / weight
-            for name, value in zip(self.metric_names or [], totals[2:], strict=True):
+            for name, value in zip(self.metric_names or [], totals[2:-1], strict=True):
                 summary[name] = value / weight
         return summary
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from embodichain.core.checkpoint import (
     write_checkpoint,
 )
 from embodichain.core.config import FrameworkConfig
-from embodichain.core.errors import TrainingError
+from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.learner import Learner, Precision
 from embodichain.core.nonfinite import finite_values, stop_message
 from embodichain.core.objective import Objective
@@ -34,6 +35,7 @@ from embodichain.core.rank_state import (
     restore_rng,
 )
 from embodichain.core.run_dir import MetricsWriter
+from embodichain.core.signals import EXIT_CODES, StopRequest, signal_name
 from embodichain.core.source import ReplacementSampler, Source
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
@@ -106,17 +108,24 @@ class SupervisedTrainer:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def fit(self, show_progress: bool = True) -> dict[str, float]:
-        """Train to `trainer.max_updates`, validating, logging and saving on schedule."""
+    def fit(self, show_progress: bool = True, stop: StopRequest | None = None
+            ) -> dict[str, float]:
+        """Train to `trainer.max_updates`, validating, logging and saving on schedule.
+
+        When `stop` is requested on any rank, every rank finishes the same update, saves a
+        snapshot of it and raises Stopped (R-SIG-1).
+        """
         t = self.config.trainer
         run = self._require_run()
         progress = ProgressReporter(t.max_updates, self.step,
                                     show_progress and dist_utils.is_rank_zero(), t.log_every)
-        saved_at = None
+        saved_at, stopping = None, False
         try:
-            while self.step < t.max_updates:
-                summary = self.learner.update(self.objective, self._next_batch())
+            while self.step < t.max_updates and not stopping:
+                summary = self.learner.update(self.objective, self._next_batch(),
+                                              stop=stop is not None and stop.requested)
                 self.step += 1
+                stopping = bool(summary["stop"])
                 self._check_finite(summary)
                 if summary["skipped"]:
                     self._record({"train/skipped": 1})
@@ -132,7 +141,21 @@ class SupervisedTrainer:
                 self.save(run.directory / LAST)
         finally:
             progress.close()
+        if stopping and self.step < t.max_updates:
+            raise self._stopped(stop)
         return dict(self.last_metrics)
+
+    def _stopped(self, stop: StopRequest | None) -> Stopped:
+        from embodichain.core.resume_policy import resume_command
+
+        signum = stop.signum if stop is not None and stop.signum else signal.SIGTERM
+        by = signal_name(signum) if stop is not None and stop.signum else "a stop signal"
+        directory = self.run_directory
+        return Stopped(
+            f"stopped by {by} at update {self.step} of {self.config.trainer.max_updates}: "
+            f"saved {directory / LAST} (update {self.step}), so no work is lost. "
+            f"Continue with: {resume_command(directory, dist_utils.world_size())}",
+            EXIT_CODES.get(signum, 143))
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
         batch = self.source.gather(self.sampler.next_indices())
@@ -141,7 +164,7 @@ class SupervisedTrainer:
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
-        record = {f"train/{k}": v for k, v in summary.items() if k != "skipped"}
+        record = {f"train/{k}": v for k, v in summary.items() if k not in ("skipped", "stop")}
         record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()

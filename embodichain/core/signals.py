@@ -1,0 +1,55 @@
+"""SIGINT / SIGTERM: stop every rank at the same update boundary, with a snapshot (R-SIG-1).
+
+The handler only records the request. The trainer sends it with the next update's
+statistics, which the update's own all-reduce sums, so every rank learns of a stop on any
+rank at the same update without an extra collective. A second SIGINT stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class StopRequest:
+    """Installed for the fit: `signum` is the first stop signal received, or None."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in EXIT_CODES:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without a snapshot
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> StopRequest:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
