@@ -229,11 +229,8 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     result: dict[str, Any] = {"recipe": str(recipe_path), "compatible": False,
                               "compared": "resolved recipe", "note": None, "problems": [],
                               "differences": [], "conditions": []}
-    try:
-        checked = check_recipe(read_recipe_file(recipe_path), str(recipe_path), overrides)
-    except ConfigError as exc:
-        result["problems"] = [f"{recipe_path}: {p}" for p in exc.problems]
-        return result
+    # A recipe that cannot be read raises ConfigError: bad input (exit 2), not a verdict.
+    checked = check_recipe(read_recipe_file(recipe_path), str(recipe_path), overrides)
     if checked.recipe is not None:
         current = checked.recipe.resolved
     elif checked.factory_problem is not None and checked.problems == [
@@ -254,9 +251,8 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
         saved = {k: v for k, v in flatten_keys(saved).items()
                  if k.split(".")[0] in framework or k in written}
         saved = _unflatten(saved)
-    else:
-        result["problems"] = [f"the recipe is invalid: {p}" for p in checked.problems]
-        return result
+    else:  # an invalid recipe is bad input too, reported as validate-config would
+        raise ConfigError(checked.problems, str(recipe_path))
     result["differences"] = config_differences(saved, current, step)
     result["problems"] += _destination_problems(current, checkpoint, run, step)
     world_size = data["manifest"].get("world_size")

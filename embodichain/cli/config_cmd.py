@@ -11,7 +11,7 @@ from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors
 
 
 def validate_config(
-    config: Annotated[Path, typer.Argument(help="Recipe YAML file.", dir_okay=False)],
+    config: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
     overrides: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP,
                                                         metavar="KEY=VALUE")] = None,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,

@@ -19,8 +19,8 @@ def inspect_checkpoint(
     tensors: Annotated[bool, typer.Option(
         "--tensors", help="List every model tensor with its shape and dtype.")] = False,
     config: Annotated[Path | None, typer.Option(
-        "--config", "-c", help="Also say whether this recipe may resume from the checkpoint.",
-        dir_okay=False)] = None,
+        "--config", "-c", help="Also say whether this recipe may resume from the checkpoint "
+        "(exit 0: it may, 1: it may not, 2: bad input).")] = None,
     overrides: Annotated[list[str] | None, typer.Option(
         "--set", help=SET_HELP + " Applies to --config.", metavar="KEY=VALUE")] = None,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
@@ -47,6 +47,8 @@ def inspect_checkpoint(
             typer.echo(json.dumps(report, indent=2, allow_nan=False))
         else:
             render(report)
+        if config is not None and report["resume"]["compatible"] is False:
+            raise typer.Exit(1)  # SPEC §9: 0 may resume, 1 may not, 2 bad input
 
 
 def _last_checkpoint(directory: Path) -> Path:
@@ -69,6 +71,9 @@ def render(report: dict[str, Any]) -> None:
     from rich.console import Console
 
     console = Console()
+    if not console.is_terminal:
+        # Piped or redirected: no cell wraps, so digests and paths stay whole and copyable.
+        console = Console(width=10_000)
     for table in (_identity_table(report), _model_table(report["model"]),
                   _tensor_table(report["model"]), _optimizer_table(report["optimizer"]),
                   _ranks_table(report["ranks"], report["world_size"]),

@@ -76,11 +76,12 @@ def test_json_is_one_plain_document(step_100: Path) -> None:
 def test_config_with_changed_lr_reports_the_difference(step_100: Path, tmp_path: Path) -> None:
     changed = write_recipe(tmp_path / "lr.yaml", tmp_path / "fresh", **{"optimizer.lr": 0.01})
     result = invoke("inspect-checkpoint", str(step_100), "--config", str(changed))
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # 1: may not resume (SPEC §9)
     assert re.search(r"resume from it\? no", result.stdout), result.stdout
     assert "optimizer.lr: checkpoint 0.001, this run 0.01" in result.stdout
 
     proc = run_cli("inspect-checkpoint", str(step_100), "--json", "--config", str(changed))
+    assert proc.returncode == 1, proc.stderr
     check = json.loads(proc.stdout)["resume"]
     assert check["compatible"] is False
     assert check["differences"] == ["optimizer.lr: checkpoint 0.001, this run 0.01"]
@@ -91,16 +92,19 @@ def test_config_that_may_resume(step_100: Path, tmp_path: Path) -> None:
     same = write_recipe(tmp_path / "same.yaml", tmp_path / "fresh",
                         **{"trainer.max_updates": 400, "trainer.log_every": 5})
     result = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json")
+    assert result.exit_code == 0, result.output
     check = json.loads(result.stdout)["resume"]
     assert check["compatible"] is True, check
     assert any("--nproc-per-node=2" in c for c in check["conditions"])
     # ...but not below the checkpoint's step, and not into the run's own (later) history
     lower = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json",
                    "--set", "trainer.max_updates=50")
+    assert lower.exit_code == 1, lower.output
     assert any("below the checkpoint's update 100" in d
                for d in json.loads(lower.stdout)["resume"]["differences"])
     in_place = invoke("inspect-checkpoint", str(step_100), "--config", str(same), "--json",
                       "--set", f"trainer.output_dir={step_100.parent}")
+    assert in_place.exit_code == 1, in_place.output
     problems = json.loads(in_place.stdout)["resume"]["problems"]
     assert any("beyond the checkpoint's update 100" in p for p in problems), problems
 
@@ -116,7 +120,7 @@ def test_works_without_the_recipe_code(step_100: Path, tmp_path: Path) -> None:
         f"{str(changed)!r}])\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=worker_env(),
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the report, and the verdict: may not resume
     report = json.loads(proc.stdout)
     assert report["step"] == 100 and report["world_size"] == 2
     check = report["resume"]

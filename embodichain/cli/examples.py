@@ -1,0 +1,52 @@
+"""The examples that end each command's `--help` (kept together so that they stay consistent)."""
+
+from __future__ import annotations
+
+EXAMPLES: dict[str, list[str]] = {
+    "train-sl": [
+        "embodichain train-sl --config examples/learning/sl_ddp/cpu.yaml",
+        "OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 -m embodichain train-sl "
+        "--config examples/learning/sl_ddp/cpu.yaml",
+        "embodichain train-sl -c cpu.yaml --resume outputs/sl_ddp_cpu/step_100.pt "
+        "--set trainer.output_dir=outputs/resumed",
+    ],
+    "resume": [
+        "embodichain resume outputs/sl_ddp_cpu",
+        "embodichain resume outputs/sl_ddp_cpu --set trainer.max_updates=400",
+    ],
+    "validate-config": [
+        "embodichain validate-config examples/learning/sl_ddp/cpu.yaml",
+        "embodichain validate-config cpu.yaml --set optimizer.lr=0.01 --set trainer.batch_size=64",
+    ],
+    "inspect-checkpoint": [
+        "embodichain inspect-checkpoint outputs/sl_ddp_cpu/step_100.pt",
+        "embodichain inspect-checkpoint outputs/sl_ddp_cpu --json | jq .step",
+        "embodichain inspect-checkpoint outputs/sl_ddp_cpu/last.pt --config cpu.yaml  "
+        "# exit 0: may resume, 1: may not",
+    ],
+    "list-factories": [
+        "embodichain list-factories",
+        "embodichain list-factories | grep sl_ddp",
+    ],
+    "init": [
+        "embodichain init sl_ddp my_recipe.yaml",
+        "embodichain init nerd nerd.yaml",
+    ],
+    "report": [
+        "embodichain report outputs/sl_ddp_cpu",
+        "embodichain report outputs/run_a outputs/run_b --format html",
+    ],
+    "runs": [
+        "embodichain runs outputs",
+        "embodichain runs outputs --json",
+    ],
+}
+EXAMPLES["train"] = EXAMPLES["train-sl"]
+
+
+def epilog(command: str) -> str | None:
+    """The examples of `command` as a help epilog (`\\b`: printed as written, not re-wrapped)."""
+    lines = EXAMPLES.get(command)
+    if not lines:
+        return None
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
