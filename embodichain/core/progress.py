@@ -7,15 +7,11 @@ import sys
 import time
 from typing import Any
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
 
 log = logging.getLogger("embodichain")
 
@@ -37,30 +33,95 @@ def configure_logging(rank: int) -> None:
         warnings_log.propagate = False
 
 
-class ProgressReporter:
-    """Shows update N/total, loss, last validation MSE, updates/s and ETA."""
+def clock(seconds: float | None) -> str:
+    """`H:MM:SS` (fixed width below 100 hours), `-:--:--` when unknown."""
+    if seconds is None or seconds != seconds or seconds < 0 or seconds == float("inf"):
+        return "-:--:--"
+    seconds = int(seconds)
+    if seconds >= 100 * 3600:
+        return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
-    def __init__(self, total: int, start: int, enabled: bool, every: int) -> None:
+
+def _number(value: float | None) -> str:
+    return "-" if value is None or value != value else f"{value:.4g}"
+
+
+class ProgressLine:
+    """One status line that fits the console width, its parts in order of importance.
+
+    Always: `update N/total`, `loss`, `val_mse`, `eta`; then, while they fit, `elapsed`, the
+    rate and a bar that takes the rest. Numbers are padded to fixed widths, so the layout (and
+    the bar's width) stays put from one refresh to the next.
+    """
+
+    def __init__(self, reporter: ProgressReporter) -> None:
+        self.reporter = reporter
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.render(options.max_width)
+
+    def render(self, width: int) -> RenderableType:
+        """The line for a console `width` cells wide."""
+        r = self.reporter
+        rate = r.rate(r.step)
+        eta = (r.total - r.step) / rate if rate > 0 else None
+        digits = len(str(r.total))
+        counter = (f"update {r.step:>{digits}}/{r.total}" if digits <= 9
+                   else f"update {r.step}/{r.total:.3g}")  # 10^18 planned: no 19-digit padding
+
+        def essentials(pad: bool) -> list[str]:
+            loss, val = _number(r.loss), _number(r.val_mse)
+            if pad:
+                return [f"loss {loss:>9}", f"val_mse {val:>9}", f"eta {clock(eta):>7}"]
+            return [f"loss {loss}", f"val_mse {val}", f"eta {clock(eta)}"]
+
+        # Fixed-width fields first (a steady layout); unpadded only where nothing else fits.
+        for pad, sep in ((True, "  "), (True, " "), (False, " ")):
+            parts = essentials(pad)
+            if len(sep.join([counter, *parts])) <= width:
+                break
+
+        def room(*more: str) -> int:
+            return width - len(sep.join([counter, *parts, *more]))
+
+        elapsed = f"elapsed {clock(r.elapsed()):>7}"
+        if room(elapsed) >= 0:
+            parts.append(elapsed)
+        speed = f"{rate:>8.1f} upd/s"
+        if room(speed) >= 20 + len(sep):  # the rate only where a bar still fits beside it
+            parts.append(speed)
+        bar_width = room() - len(sep)
+        rest = sep.join(parts)
+        if bar_width < 10:  # no room for a useful bar: the numbers matter more
+            return Text(sep.join([counter, rest]), no_wrap=True, overflow="ellipsis")
+        grid = Table.grid(padding=(0, len(sep), 0, 0))
+        grid.add_row(Text(counter, no_wrap=True),
+                     ProgressBar(total=r.total, completed=r.step, width=bar_width),
+                     Text(rest, no_wrap=True))
+        return grid
+
+
+class ProgressReporter:
+    """Shows update N/total, loss, last validation MSE, updates/s, elapsed time and ETA."""
+
+    def __init__(self, total: int, start: int, enabled: bool, every: int,
+                 console: Console | None = None) -> None:
         self.total = total
         self.every = every
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True)
         self.rich = enabled and self.console.is_terminal
         self.plain = enabled and not self.rich
         self.loss = float("nan")
         self.val_mse: float | None = None
+        self.step = start
         self._t0 = time.perf_counter()
         self._start = start
-        self._progress: Progress | None = None
-        self._task: TaskID | None = None
+        self._live: Live | None = None
         if self.rich:
-            self._progress = Progress(
-                TextColumn("[bold]update"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-                console=self.console, transient=False,
-            )
-            self._task = self._progress.add_task("fit", total=total, completed=start,
-                                                 status="")
-            self._progress.start()
+            self._live = Live(ProgressLine(self), console=self.console, refresh_per_second=4,
+                              transient=False)
+            self._live.start()
 
     def elapsed(self) -> float:
         """Seconds since this fit started (the `time/elapsed_s` metric)."""
@@ -72,25 +133,23 @@ class ProgressReporter:
 
     def update(self, step: int, **values: Any) -> None:
         """Record the latest values; `loss` and `val_mse` are optional."""
+        self.step = step
         if "loss" in values:
             self.loss = values["loss"]
         if "val_mse" in values:
             self.val_mse = values["val_mse"]
-        if self._progress is not None:
-            if values:  # the status text changes at log and validation steps only
-                self._progress.update(self._task, completed=step, status=self._status(step))
-            else:
-                self._progress.update(self._task, completed=step)
-        elif self.plain and not values and (step % self.every == 0 or step == self.total):
+        if self._live is None and self.plain and not values \
+                and (step % self.every == 0 or step == self.total):
             rate = self.rate(step)
-            eta = (self.total - step) / rate if rate else float("nan")
-            log.info("update %d/%d  %s  eta %.0fs", step, self.total, self._status(step), eta)
+            eta = (self.total - step) / rate if rate else None
+            log.info("update %d/%d  %s  elapsed %s  eta %s", step, self.total,
+                     self._status(step), clock(self.elapsed()), clock(eta))
 
     def _status(self, step: int) -> str:
-        val = f"{self.val_mse:.4g}" if self.val_mse is not None else "-"
-        return f"loss {self.loss:.4g}  val_mse {val}  {self.rate(step):.1f} upd/s"
+        return (f"loss {_number(self.loss)}  val_mse {_number(self.val_mse)}  "
+                f"{self.rate(step):.1f} upd/s")
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

@@ -22,6 +22,7 @@ from embodichain.core.checkpoint import (
     write_checkpoint,
 )
 from embodichain.core.config import FrameworkConfig
+from embodichain.core.disk_plan import checkpoint_plan_warning, estimate_checkpoint_bytes
 from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.learner import Learner, Precision
 from embodichain.core.nonfinite import finite_values, stop_message
@@ -117,6 +118,8 @@ class SupervisedTrainer:
         """
         t = self.config.trainer
         run = self._require_run()
+        if dist_utils.is_rank_zero():
+            self._warn_about_checkpoint_plan()
         progress = ProgressReporter(t.max_updates, self.step,
                                     show_progress and dist_utils.is_rank_zero(), t.log_every)
         saved_at, stopping = None, False
@@ -170,6 +173,18 @@ class SupervisedTrainer:
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
         progress.update(self.step, loss=summary.get("loss", float("nan")))
+
+    def _warn_about_checkpoint_plan(self) -> None:
+        """Warn when the planned step files are too many for sense or for the disk."""
+        t = self.config.trainer
+        model_bytes = sum(v.numel() * v.element_size()
+                          for v in self.learner.model.state_dict().values())
+        warning = checkpoint_plan_warning(
+            max_updates=t.max_updates, step=self.step, save_every=t.save_every,
+            keep_last=t.keep_last, directory=self._require_run().directory,
+            checkpoint_bytes=estimate_checkpoint_bytes(model_bytes, self.config.optimizer.name))
+        if warning is not None:
+            log.warning("warning: %s", warning)
 
     def _check_finite(self, summary: Mapping[str, float]) -> None:
         """`trainer.on_nonfinite` after an update whose global loss was not finite (the

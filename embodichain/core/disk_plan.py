@@ -1,0 +1,69 @@
+"""A warning at the start of a run whose checkpoint schedule cannot end well.
+
+`trainer.save_every: 100` with `trainer.max_updates: 1000000000000000000` plans 10^16 step
+files: the run fills the disk long before it ends. Step files are kept unless
+`trainer.keep_last` says otherwise (R-RUN-4), so that is the key to point at.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+MAX_STEP_FILES = 1000
+"""More planned step files than this is a mistake more often than a plan."""
+
+_OVERHEAD_BYTES = 64 * 1024  # manifest, recipe, per-rank RNG and sampler states
+
+
+def estimate_checkpoint_bytes(tensor_bytes: int, optimizer: str) -> int:
+    """About how large one checkpoint is: the model, the optimizer's state, some metadata.
+
+    Adam(W) keeps two tensors per parameter, SGD at most one (momentum).
+    """
+    factor = 3 if optimizer in ("adam", "adamw") else 2
+    return tensor_bytes * factor + _OVERHEAD_BYTES
+
+
+def free_bytes(directory: Path) -> int | None:
+    """Free space on the file system that `directory` is (or will be) on."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        return shutil.disk_usage(existing).free
+    except OSError:
+        return None
+
+
+def checkpoint_plan_warning(*, max_updates: int, step: int, save_every: int,
+                            keep_last: int | None, directory: Path,
+                            checkpoint_bytes: int) -> str | None:
+    """What is wrong with the planned step files, or None when nothing is."""
+    if not save_every:
+        return None
+    planned = max_updates // save_every - step // save_every
+    kept = planned if keep_last is None else min(planned, keep_last)
+    needed = (kept + 1) * checkpoint_bytes  # + last.pt
+    free = free_bytes(directory)
+    problems = []
+    if kept > MAX_STEP_FILES:
+        problems.append(f"{planned:,} step files")
+    if free is not None and needed > free:
+        problems.append(f"about {_size(needed)} of checkpoints, more than the "
+                        f"{_size(free)} free on the disk of {directory}")
+    if not problems:
+        return None
+    fix = ("set trainer.keep_last (e.g. --set trainer.keep_last=5) to keep only the newest "
+           "step files" if keep_last is None else
+           "lower trainer.keep_last")
+    return (f"trainer.save_every: {save_every} with trainer.max_updates: {max_updates} plans "
+            f"{' and '.join(problems)}; {fix}, or raise trainer.save_every")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"  # pragma: no cover
