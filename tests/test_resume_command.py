@@ -16,6 +16,8 @@ from conftest import (
 )
 from state_compare import assert_training_state_equal
 
+from embodichain.core.run_dir import remove_stale_temp_files
+
 FACTORIES = REPO / "tests" / "factories"
 
 
@@ -35,9 +37,20 @@ def test_resume_run_dir_after_a_crash_equals_the_uninterrupted_run(
     assert crashed.returncode != 0 and "simulated crash at update 151" in crashed.stderr
     assert torch.load(run / "last.pt", weights_only=True)["manifest"]["step"] == 150
     recipe.unlink()  # the stored recipe is enough
+    # What saves killed mid-write leave behind (never *.pt), beside files that are not ours.
+    stale = [".step_200.pt.4242.deadbeef.tmp", ".last.pt.4242.deadbeef.tmp",
+             ".best.pt.77.0123abcd.tmp", ".run.json.4242.tmp", ".run.json.4242.0badc0de.tmp"]
+    others = ["notes.tmp", ".step_100.pt.bak", "step_150.pt.4242.deadbeef.tmp", ".run.json",
+              ".last.pt.tmp", "my.run.json.4242.tmp"]
+    for name in stale + others:
+        (run / name).write_bytes(b"partial")
+    (run / ".step_50.pt.1.ab.tmp").mkdir()  # a directory, whatever its name, is not ours
 
     env = worker_env(PYTHONPATH=str(FACTORIES))
     assert_ok(run_torchrun("resume", str(run), "--no-progress", env=env))
+    assert not [name for name in stale if (run / name).exists()]
+    assert all((run / name).read_bytes() == b"partial" for name in others)
+    assert (run / ".step_50.pt.1.ab.tmp").is_dir()
 
     assert torch.load(run / "last.pt", weights_only=True)["manifest"]["step"] == 200
     for name in ("step_200.pt", "last.pt"):  # every part of the state, not only its tensors
@@ -71,3 +84,16 @@ def test_resume_run_dir_rolls_back_history_beyond_the_snapshot(sl_ddp_two_worker
         assert assert_training_state_equal(sl_ddp_two_workers / name, run / name) >= 18
     assert _records_after(run / "metrics.jsonl", 0) == \
         _records_after(sl_ddp_two_workers / "metrics.jsonl", 0)
+
+
+def test_remove_stale_temp_files_takes_only_our_temp_names(tmp_path: Path) -> None:
+    ours = [".step_20.pt.31.0a1b2c3d.tmp", ".last.pt.31.0a1b2c3d.tmp", ".run.json.31.tmp",
+            ".run.json.31.ffffffff.tmp", ".during_validation_100.pt.9.12345678.tmp"]
+    theirs = ["step_20.pt", "last.pt", "run.json", "metrics.jsonl", ".step_20.pt.tmp",
+              "step_20.pt.31.0a1b2c3d.tmp", ".step_20.pt.x.0a1b2c3d.tmp", "a.tmp",
+              ".step_20.pt.31.0a1b2c3d.tmp.keep", ".hidden"]
+    for name in ours + theirs:
+        (tmp_path / name).write_text("x")
+    assert remove_stale_temp_files(tmp_path) == sorted(ours)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(theirs)
+    assert remove_stale_temp_files(tmp_path) == []
