@@ -63,6 +63,15 @@ def output_dir_problem(directory: Path) -> str | None:
     return None
 
 
+def unusable_output_dir(directory: Path, exc: OSError, *internal: Path) -> RefusedError:
+    """A directory that cannot be created or written is bad input (exit 2), not a training
+    failure: the error names the key and the reason, never one of our temp files."""
+    hidden = {None, str(directory), *map(str, internal)}
+    where = f" ({exc.filename})" if exc.filename not in hidden else ""
+    return RefusedError(f"trainer.output_dir {directory} cannot be used: "
+                        f"{exc.strerror or exc}{where}; nothing was changed")
+
+
 def require_fresh(directory: Path) -> None:
     if directory.exists() and not directory.is_dir():
         raise RefusedError(f"trainer.output_dir {directory} exists and is not a directory")
@@ -126,11 +135,7 @@ def claim(directory: Path, identity: dict[str, Any]) -> None:
                 "(run.json appeared); nothing was changed"
             ) from None
     except OSError as exc:
-        # Bad input, not a training failure: name the key and the reason, not our temp file.
-        where = (f" ({exc.filename})" if exc.filename not in (None, str(tmp), str(directory))
-                 else "")
-        raise RefusedError(f"trainer.output_dir {directory} cannot be used: "
-                           f"{exc.strerror or exc}{where}; nothing was changed") from None
+        raise unusable_output_dir(directory, exc, tmp) from None
     finally:
         if tmp.exists():  # not `missing_ok`: under a file, unlink fails with ENOTDIR
             tmp.unlink()

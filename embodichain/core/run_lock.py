@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from embodichain.core.errors import RefusedError
+from embodichain.core.run_dir import unusable_output_dir
 
 LOCK = ".lock"
 
@@ -36,8 +37,11 @@ class RunLock:
         """Take the lock or raise RefusedError naming the live holder; creates the directory."""
         if self._file is not None:
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
-        f = open(self.directory / LOCK, "a+")  # noqa: SIM115 - held for the run's life
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            f = open(self.directory / LOCK, "a+")  # noqa: SIM115 - held for the run's life
+        except OSError as exc:  # e.g. under a file, or no permission: bad input, exit 2
+            raise unusable_output_dir(self.directory, exc, self.directory / LOCK) from None
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
