@@ -8,6 +8,7 @@ SPEC §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import random
 import sys
@@ -20,7 +21,7 @@ import torch
 import embodichain
 from embodichain.core import distributed as dist_utils
 from embodichain.core.config import config_sha256
-from embodichain.core.errors import RefusedError, TrainingError, UsageError
+from embodichain.core.errors import RefusedError, Stopped, TrainingError, UsageError
 from embodichain.core.loggers import LoggingMetricsWriter, check_loggers
 from embodichain.core.progress import configure_logging, log
 from embodichain.core.recipe import Recipe
@@ -35,7 +36,7 @@ from embodichain.core.run_dir import new_run_id, now_iso
 from embodichain.core.run_lock import RunLock
 from embodichain.core.signals import StopRequest
 from embodichain.core.source import stream_seed
-from embodichain.core.summary import print_run_summary
+from embodichain.core.summary import Status, print_run_summary
 from embodichain.core.trainer import RunContext, SupervisedTrainer
 
 
@@ -90,11 +91,23 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
                          f"resuming at update {trainer.step}" if start.kind != "fresh"
                          else "training", directory, dist_utils.world_size(), device)
             start_step, started = trainer.step, time.perf_counter()
-            final = trainer.fit(show_progress=show_progress, stop=stop)
-            if dist_utils.is_rank_zero():
-                print_run_summary(directory, start_step=start_step, end_step=trainer.step,
-                                  wall_s=time.perf_counter() - started)
-            return final
+            status: Status = "failed"
+            try:
+                final = trainer.fit(show_progress=show_progress, stop=stop)
+                status = "finished"
+                return final
+            except (Stopped, KeyboardInterrupt):
+                status = "stopped"
+                raise
+            finally:
+                # Whatever the end, rank 0 says what exists and how to continue (R-UX-2);
+                # the error itself is printed after this by the CLI. A closed stdout must
+                # not turn a finished run into a failure.
+                if dist_utils.is_rank_zero():
+                    with contextlib.suppress(OSError):
+                        print_run_summary(directory, status=status, start_step=start_step,
+                                          end_step=trainer.step,
+                                          wall_s=time.perf_counter() - started)
         finally:
             trainer.close()
             lock.release()
@@ -126,6 +139,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
     directory = Path(recipe.config.trainer.output_dir)
     try:
         prepared = prepare(start, identity, directory, lock, recipe.source)
+        lock.publish(identity["created_at"])
     except RunComplete as done:
         return {"complete": str(done)}
     except UsageError as exc:

@@ -233,9 +233,10 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
-    if directory.exists() and not directory.is_dir():
-        raise RefusedError(f"trainer.output_dir {directory} exists and is not a directory")
-    lock.acquire(identity["created_at"])
+    if directory.is_dir():
+        refuse_if_locked(directory)
+    require_fresh(directory)  # read-only: a refused start creates nothing, not even a lock
+    lock.acquire()
     claim(directory, {**identity, "events": []})
     return Prepared(identity)
 
@@ -248,7 +249,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
                                                          identity))
     if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
-        lock.acquire(identity["created_at"])
+        lock.acquire()
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
         return _continue(snapshot, identity, directory)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
@@ -311,7 +312,7 @@ def _in_place(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                 f"the run in {directory} is complete: update {snapshot.step} of "
                 f"{max_updates} is saved in {snapshot.path.name}. Nothing was changed; to "
                 f"train longer, add --set trainer.max_updates=N (N > {snapshot.step})")
-    lock.acquire(identity["created_at"])
+    lock.acquire()
     return _continue(snapshot, identity, directory, run_json)
 
 

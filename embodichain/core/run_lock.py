@@ -33,8 +33,12 @@ class RunLock:
     def held(self) -> bool:
         return self._file is not None
 
-    def acquire(self, started_at: str) -> None:
-        """Take the lock or raise RefusedError naming the live holder; creates the directory."""
+    def acquire(self) -> None:
+        """Take the lock or raise RefusedError naming the live holder; creates the directory.
+
+        The file's content is left as it is until `publish()`, so a command that takes the
+        lock and then refuses changes nothing in the directory.
+        """
         if self._file is not None:
             return
         try:
@@ -47,11 +51,17 @@ class RunLock:
         except BlockingIOError:
             f.close()
             raise _in_use(self.directory, lock_holder(self.directory) or {}) from None
-        f.seek(0)
-        f.truncate()
-        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": started_at}, f)
-        f.flush()
         self._file = f
+
+    def publish(self, started_at: str) -> None:
+        """Record this process as the holder (host, pid, since), once the run goes ahead."""
+        if self._file is None:
+            raise RuntimeError("publish() before acquire()")
+        self._file.seek(0)
+        self._file.truncate()
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": started_at},
+                  self._file)
+        self._file.flush()
 
     def release(self) -> None:
         if self._file is not None:

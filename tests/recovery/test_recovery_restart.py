@@ -1,0 +1,278 @@
+"""Recovery without a human (R-RESUME-6..9, R-RUN-5, R-SIG-1), with real torchrun workers.
+
+Every scenario is compared with one uninterrupted run of the same recipe (`reference`):
+whatever was killed, stopped or rolled back, the finished run's state is bitwise the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TIMEOUT, assert_ok, run_torchrun, snapshot_dir, worker_env, write_recipe
+from state_compare import assert_training_state_equal
+
+from embodichain.core.checkpoint import read_checkpoint
+from embodichain.core.run_dir import read_metrics
+
+FACTORIES = REPO / "tests" / "factories"
+MAX_UPDATES = 300
+RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": MAX_UPDATES,
+          "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return worker_env(PYTHONPATH=str(FACTORIES), **extra)
+
+
+def _torchrun_cmd(*args: str, max_restarts: int = 0) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            "--nproc-per-node=2", f"--max-restarts={max_restarts}", "--monitor-interval=0.2",
+            "-m", "embodichain", *args]
+
+
+def _records(directory: Path) -> list[dict]:
+    log = read_metrics(directory / "metrics.jsonl")
+    assert log.torn is None and not log.bad_lines
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
+
+
+def _last_step(directory: Path) -> int:
+    log = read_metrics(directory / "metrics.jsonl")
+    return log.last_step or 0
+
+
+def _events(directory: Path) -> list[dict]:
+    return json.loads((directory / "run.json").read_text())["events"]
+
+
+def _assert_equals_reference(run: Path, reference: Path) -> None:
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == MAX_UPDATES
+    assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 18
+    assert _records(run) == _records(reference)
+    leftovers = [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+    assert not leftovers, leftovers
+
+
+def _wait_for_step(directory: Path, step: int, proc: subprocess.Popen, timeout: float = 120
+                   ) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (directory / "metrics.jsonl").exists() and _last_step(directory) >= step:
+            return _last_step(directory)
+        assert proc.poll() is None, "the run ended before the test could interrupt it"
+        time.sleep(0.05)
+    raise AssertionError(f"no record of update {step} within {timeout}s")
+
+
+def _worker(agent: int, rank: int) -> int:
+    """The pid of torchrun worker `rank` started by the agent process `agent`."""
+    for pid in _children(agent):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under pid {agent}")
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The restart recipe trained without interruption by 2 workers (shared, read-only)."""
+    root = tmp_path_factory.mktemp("restart_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume", "auto",
+                           "--no-progress", env=_env()))
+    return root / "run"
+
+
+def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Path,
+                                                                  tmp_path: Path) -> None:
+    """5 SIGKILLs of single workers (one inside a save) and one of the whole torchrun."""
+    seed = int(os.environ.get("EMBODICHAIN_TEST_SEED", "20261130"))
+    rng = random.Random(seed)
+    # Random updates in bands, so that the whole-torchrun kill (10 updates after the third
+    # kill) always lands before the fourth.
+    bands = [(15, 70), (130, 170), (200, 240), (250, 290)]
+    kills = [{"id": f"k{i}", "rank": rng.randrange(2), "update": rng.randrange(*band)}
+             for i, band in enumerate(bands)]
+    kills.insert(1, {"id": "save", "rank": 0, "save": 120})  # between last.pt and step_120.pt
+    # torchrun A absorbs the first 3 kills (--max-restarts=3) and is then killed whole; the
+    # rerun of the same command absorbs the remaining ones.
+    kill_log = tmp_path / "kills.log"
+    env = _env(EMBODICHAIN_TEST_KILLS=json.dumps(kills), EMBODICHAIN_TEST_KILL_LOG=str(kill_log),
+               EMBODICHAIN_TEST_SLEEP_S="0.004")
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    command = _torchrun_cmd("train-sl", "--config", str(recipe), "--resume", "auto",
+                            "--no-progress", max_restarts=3)
+
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while len(kill_log.read_text().split() if kill_log.exists() else []) < 3:
+            assert first.poll() is None, first.communicate()[0]
+            assert time.monotonic() < deadline, "the first three kills did not happen"
+            time.sleep(0.05)
+        third = next(k for k in kills if k["id"] == kill_log.read_text().split()[2])
+        _wait_for_step(run, third["update"] + 10, first)
+        whole_kill_at = _last_step(run)
+        workers = _children(first.pid)
+        first.send_signal(signal.SIGKILL)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        output_a = first.communicate(timeout=60)[0]
+    assert first.returncode == -signal.SIGKILL
+
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    assert rerun.returncode == 0, output_a + rerun.stdout + rerun.stderr
+    assert kill_log.read_text().split() == [k["id"] for k in
+                                            sorted(kills, key=lambda k: k.get("update") or 120)]
+    _assert_equals_reference(run, reference)
+
+    # Every kill rolled back whatever came after the newest snapshot, into a side file.
+    events = _events(run)
+    rolled = [e for e in events if e["event"] == "rolled_back" and e["records"]]
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert len(resumed) == 6  # 3 restarts of A, its rerun, and 2 restarts of the rerun
+    assert rolled, events
+    for event in rolled:
+        moved = [json.loads(line) for line in (run / event["moved_to"]).read_text().splitlines()]
+        assert len(moved) == event["records"]
+        assert all(event["step"] < r["step"] <= event["last_step"] for r in moved)
+    # the kill inside the save: last.pt was at 120 while step_120.pt was not yet renamed
+    assert any(e["step"] == 120 and e["checkpoint"] == "last.pt" for e in resumed)
+    lost = [k["update"] - 1 - (k["update"] - 1) // 40 * 40 for k in kills if "update" in k]
+    print(f"seed {seed}; kills {kills}; whole torchrun killed at update {whole_kill_at}; "
+          f"updates of work lost per worker SIGKILL: {lost}")
+
+
+def _start_paced(recipe: Path, sleep_s: str) -> subprocess.Popen:
+    return subprocess.Popen(_torchrun_cmd("train-sl", "--config", str(recipe), "--no-progress"),
+                            cwd=REPO, env=_env(EMBODICHAIN_TEST_SLEEP_S=sleep_s),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("how", ["SIGINT to torchrun", "SIGTERM to one worker"])
+def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
+        how: str, reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    proc = _start_paced(recipe, "0.01")
+    try:
+        _wait_for_step(run, 60, proc)
+        if how == "SIGINT to torchrun":
+            proc.send_signal(signal.SIGINT)
+        else:
+            os.kill(_worker(proc.pid, 1), signal.SIGTERM)
+    finally:
+        out, err = proc.communicate(timeout=120)
+    name, code = ("SIGINT", 130) if how == "SIGINT to torchrun" else ("SIGTERM", 143)
+    assert proc.returncode != 0
+    stopped = read_checkpoint(run / "last.pt")["manifest"]["step"]
+    assert 60 <= stopped < MAX_UPDATES
+    assert _last_step(run) == stopped  # no update after the snapshot: nothing lost
+    assert err.count("stopped by") == 1, err  # once, from rank 0
+    if how == "SIGINT to torchrun":  # torchrun forwards it to every worker
+        assert f"stopped by SIGINT at update {stopped} of {MAX_UPDATES}" in err
+    else:  # rank 0 did not get the signal itself; rank 1 told it through the all-reduce
+        assert f"stopped by a stop signal at update {stopped} of {MAX_UPDATES}" in err
+        assert err.count(f"exitcode  : {code}") == 2, err  # both workers, in torchrun's report
+    assert "resume " + str(run) in err and "--nproc-per-node=2" in err
+    assert "embodichain/core" not in err and "embodichain/cli" not in err  # no traceback of ours
+
+    assert_ok(run_torchrun("resume", str(run), "--no-progress", env=_env()))
+    _assert_equals_reference(run, reference)
+    print(f"{name}: stopped at update {stopped}, snapshot at {stopped}: 0 updates lost")
+
+
+def test_damaged_last_pt_falls_back_to_the_newest_good_step_file(reference: Path,
+                                                                 tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    for name in ("step_280.pt", "step_240.pt"):
+        (run / name).unlink()
+    data = (run / "last.pt").read_bytes()
+    (run / "last.pt").write_bytes(data[: len(data) // 2])  # torn by a crash
+    proc = run_torchrun("resume", str(run), "--no-progress", env=_env())
+    assert_ok(proc)
+    assert "last.pt is damaged" in proc.stderr and "continuing from step_200.pt" in proc.stderr
+    assert (run / "last.pt.damaged").read_bytes() == data[: len(data) // 2]
+    _assert_equals_reference(run, reference)
+
+
+def test_a_live_run_is_locked_against_resume_and_a_second_start(reference: Path,
+                                                                tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    proc = _start_paced(recipe, "0.08")  # ~24 s: time for three refused commands
+    try:
+        _wait_for_step(run, 10, proc)
+        holder = json.loads((run / ".lock").read_text())
+        for args in (["resume", str(run)], ["train-sl", "--config", str(recipe)],
+                     ["train-sl", "--config", str(recipe), "--resume", "auto"]):
+            refused = subprocess.run([sys.executable, "-m", "embodichain", *args,
+                                      "--no-progress"], cwd=REPO, env=_env(),
+                                     capture_output=True, text=True, timeout=TIMEOUT)
+            assert refused.returncode == 2, refused.stderr
+            assert f"in use by a live run (held by pid {holder['pid']}" in refused.stderr
+            assert proc.poll() is None
+    finally:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    steps = [r["step"] for r in _records(run) if "train/loss" in r]
+    assert steps == sorted(set(steps))  # no duplicate or backwards step
+    _assert_equals_reference(run, reference)
+
+
+def test_resume_of_a_finished_run_changes_nothing(reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = snapshot_dir(run)
+    proc = run_torchrun("resume", str(run), "--no-progress", env=_env())
+    assert_ok(proc)
+    assert f"is complete: update {MAX_UPDATES} of {MAX_UPDATES}" in proc.stderr
+    assert "trainer.max_updates" in proc.stderr  # how to extend it
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume", "auto",
+                           "--no-progress", env=_env()))
+    assert snapshot_dir(run) == before
+
+
+def test_resume_ckpt_into_its_own_directory_names_the_resume_command(reference: Path,
+                                                                     tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    before = snapshot_dir(run)
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--resume", str(run / "step_200.pt"),
+                        "--no-progress", env=_env())
+    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 2") == 2, proc.stderr
+    assert "already has records up to update 300" in proc.stderr
+    assert f"torchrun --standalone --nproc-per-node=2 -m embodichain resume {run}" in proc.stderr
+    # torchrun's own summary shows our message as the root cause, not <N/A>
+    root_cause = proc.stderr.split("Root Cause")[1]
+    assert "<N/A>" not in root_cause.split("=====")[1] and "already has records" in root_cause
+    assert snapshot_dir(run) == before
