@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from embodichain.core.run_dir import read_metrics
@@ -37,7 +38,7 @@ def test_summary_once_on_rank_zero_with_the_recorded_figures(sl_ddp_two_workers:
         assert lines[key] == text, stdout
     assert lines["updates"].startswith("200 in this process (0 -> 200), 200 in total; ")
     assert "updates/s" in lines["updates"]
-    assert lines["snapshots"] == "step_100.pt, step_200.pt, last.pt"
+    assert lines["snapshots"] == "step_100.pt, step_200.pt, last.pt (update 200)"
     assert lines["run"] == f"dir {run}"
     assert lines["train"] == (f"on OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node=2 "
                               f"-m embodichain resume {run} --set trainer.max_updates=400")
@@ -67,3 +68,50 @@ def test_best_is_the_lowest_with_its_update_and_stopped_runs_say_how_to_continue
     assert "50 in this process (100 -> 150), 150 in total; 2.0 s wall, 25.0 updates/s" in text
     assert "snapshots      step_20.pt, step_100.pt\n" in text  # by step, not by name
     assert f"continue       embodichain resume {run}\n" in text
+
+
+def test_a_failed_run_says_what_exists_and_how_to_continue(tmp_path: Path) -> None:
+    from conftest import run_cli, worker_env, write_recipe
+
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, factory="interrupting:build_supervised_trainer")
+    factories = Path(__file__).resolve().parent / "factories"
+    proc = run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                   env=worker_env(PYTHONPATH=str(factories), EMBODICHAIN_TEST_FAIL_AT="151"))
+    assert proc.returncode == 1, proc.stderr
+    run_id = json.loads((run / "run.json").read_text())["run_id"]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"run {run_id[:12]} failed at update 150/200", proc.stdout
+    assert "  snapshots      step_100.pt, last.pt (update 100)" in lines
+    assert f"  continue       embodichain resume {run}" in lines
+    assert "simulated crash at update 151" in proc.stderr  # the error itself, after it
+
+
+def test_a_signalled_run_says_where_it_stopped(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, worker_env, write_recipe
+
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **{
+        "trainer.max_updates": 10_000_000, "trainer.save_every": 500,
+        "trainer.validate_every": 0, "trainer.log_every": 50})
+    proc = subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
+                             str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "step_500.pt").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    step = read_metrics(run / "metrics.jsonl").last_step
+    head = out.splitlines()[0]
+    assert head.startswith("run ") and " stopped at update " in head, out
+    stopped_at = int(head.split(" stopped at update ")[1].split("/")[0])
+    assert stopped_at >= step and f"last.pt (update {stopped_at})" in out, out
+    assert re.search(rf"^  continue +embodichain resume {re.escape(str(run))}$", out, re.M), out

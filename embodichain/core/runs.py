@@ -9,17 +9,13 @@ recipe, and stopped otherwise.
 from __future__ import annotations
 
 import datetime
-import io
-import pickle
-import zipfile
-from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from embodichain.core.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 from embodichain.core.run_lock import describe_holder, lock_holder
-from embodichain.core.summary import snapshot_names
+from embodichain.core.summary import checkpoint_step, snapshot_names
 
 
 @dataclass
@@ -48,41 +44,6 @@ class RunRow:
 
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "state_text": self.state_text}
-
-
-class _Inert:
-    """Stands in for every non-builtin global while reading a checkpoint's manifest."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-
-class _ManifestUnpickler(pickle.Unpickler):
-    """Reads torch.save's pickle without torch and without running anything from the file:
-    tensors, storages and dtypes all become inert placeholders."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) == ("collections", "OrderedDict"):
-            return OrderedDict
-        return _Inert
-
-    def persistent_load(self, pid: Any) -> None:
-        return None
-
-
-def checkpoint_step(path: Path) -> int | None:
-    """The step in a checkpoint's manifest, read without torch; None if unreadable."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
-            data = archive.read(name)
-        step = _ManifestUnpickler(io.BytesIO(data)).load()["manifest"]["step"]
-        return step if isinstance(step, int) else None
-    except Exception:  # damaged or foreign file: the table shows no step for it
-        return None
 
 
 def find_runs(root: Path) -> list[Path]:

@@ -8,9 +8,13 @@ Imports no torch.
 
 from __future__ import annotations
 
+import io
+import pickle
 import re
 import shlex
 import sys
+import zipfile
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +56,41 @@ def snapshot_names(directory: Path) -> list[str]:
                    if (m := _STEP_FILE.match(p.name)))
     extra = [n for n in ("last.pt", "best.pt") if (directory / n).is_file()]
     return [name for _, name in steps] + extra
+
+
+class _Inert:
+    """Stands in for every non-builtin global while reading a checkpoint's manifest."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
+class _ManifestUnpickler(pickle.Unpickler):
+    """Reads torch.save's pickle without torch and without running anything from the file:
+    tensors, storages and dtypes all become inert placeholders."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        return _Inert
+
+    def persistent_load(self, pid: Any) -> None:
+        return None
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step in a checkpoint's manifest, read without torch; None if unreadable."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next(n for n in archive.namelist() if n.endswith("/data.pkl"))
+            data = archive.read(name)
+        step = _ManifestUnpickler(io.BytesIO(data)).load()["manifest"]["step"]
+        return step if isinstance(step, int) else None
+    except Exception:  # damaged or foreign file: the table shows no step for it
+        return None
 
 
 def metric_figures(records: list[Mapping[str, Any]]) -> list[Figure]:
@@ -137,7 +176,10 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
             text += f", best {fig.best:.6g} (update {fig.best_step})"
         row(fig.key, text)
     row("run dir", str(directory))
-    row("snapshots", ", ".join(facts.snapshots) or "none")
+    shown = [f"{name} (update {step})" if name in ("last.pt", "best.pt")
+             and (step := checkpoint_step(Path(directory) / name)) is not None else name
+             for name in facts.snapshots]
+    row("snapshots", ", ".join(shown) or "none")
     newest = "last.pt" if "last.pt" in facts.snapshots else next(
         (n for n in reversed(facts.snapshots) if n.startswith("step_")), None)
     launcher = launch_prefix(facts.world_size)
