@@ -61,13 +61,14 @@ def test_a_rolled_back_tail_leaves_the_event_stream(tmp_path: Path) -> None:
     crashed = run_cli("train-sl", "--config", str(recipe), "--no-progress", env=env)
     assert crashed.returncode == 1, crashed.stderr
     assert [s for s, _ in events(run)["train/loss"]][-1] == 170  # written beyond step_100.pt
-    # Roll back as `embodichain resume` does (R-RESUME-6): records beyond the snapshot move
-    # to a side file; the event files keep theirs, so TensorBoard must drop them by itself.
-    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
-    kept = [line for line in lines if json.loads(line)["step"] <= 100]
-    (run / "metrics.jsonl").write_text("".join(kept))
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--resume", str(run / "step_100.pt"),
-                      "--no-progress", env=worker_env(PYTHONPATH=str(FACTORIES))))
+    # `resume` rolls metrics.jsonl back to the snapshot (records beyond it go to a side
+    # file); the event files keep theirs, so TensorBoard must drop them by itself.
+    resumed = run_cli("resume", str(run), "--no-progress",
+                      env=worker_env(PYTHONPATH=str(FACTORIES)))
+    assert_ok(resumed)
+    events_log = json.loads((run / "run.json").read_text())["events"]
+    assert [(e["event"], e["step"]) for e in events_log] == [("rolled_back", 100),
+                                                             ("resumed", 100)]
     after = records(run)
     assert [s for s, _ in after["train/loss"]] == list(range(10, 201, 10))
     assert events(run) == after
