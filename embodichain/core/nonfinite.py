@@ -39,10 +39,14 @@ def last_good_snapshot(directory: Path) -> Path | None:
     return directory / LAST if (directory / LAST).is_file() else None
 
 
-def stop_message(step: int, loss: float | None, directory: Path) -> str:
-    """Why the run stopped at `step`, and where to continue from."""
-    snapshot = last_good_snapshot(directory)
+def stop_message(step: int, loss: float | None, directory: Path | None) -> str:
+    """Why the run stopped at `step`, and where to continue from.
+
+    `directory` None: a rank other than 0, which may not see the run directory (multi-node).
+    """
+    snapshot = last_good_snapshot(directory) if directory is not None else None
     where = (f"the last good snapshot is {snapshot}" if snapshot is not None
+             else "rank 0 names the last good snapshot" if directory is None
              else f"no snapshot was saved in {directory} before it")
     return (f"non-finite training loss ({loss}) at update {step}: the run stopped there without "
             f"applying that update (trainer.on_nonfinite: stop); {where}. Lower optimizer.lr or "

@@ -193,8 +193,9 @@ class SupervisedTrainer:
             return
         self._record({"train/nonfinite": 1})
         if self.config.trainer.on_nonfinite == "stop":
-            raise TrainingError(stop_message(self.step, summary.get("loss"),
-                                             self._require_run().directory))
+            # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
+            directory = self._require_run().directory if dist_utils.is_rank_zero() else None
+            raise TrainingError(stop_message(self.step, summary.get("loss"), directory))
 
     def _record(self, values: Mapping[str, Any]) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
