@@ -121,7 +121,8 @@ def _bytes(n: int) -> str:
 
 
 def _identity_table(r: dict[str, Any]) -> Any:
-    t = _kv_table(f"Checkpoint {r['path']}")
+    t = _kv_table("Checkpoint")
+    t.add_row("path", _text(r["path"]))  # a row, not the title: titles wrap to the table
     t.add_row("file", _bytes(r["file_bytes"]))
     t.add_row("format", f"{_text(r['format'])} version {_text(r['format_version'])}")
     t.add_row("digest", f"[green]verified[/], sha256 {_text(r['payload_sha256'])}")
