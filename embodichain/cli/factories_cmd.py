@@ -31,6 +31,8 @@ def list_factories(
         infos = [check_factory(info) for info in registered_factories()]
         recipes = {recipe.name for recipe in registered_recipes()}
         console = Console()
+        if not console.is_terminal:  # piped: whole names and targets, for grep and scripts
+            console = Console(width=10_000)
         if not infos:
             console.print(f"No factories registered in entry-point group {ENTRY_POINT_GROUP}.")
             return
