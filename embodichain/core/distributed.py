@@ -73,11 +73,13 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
     resolved = resolve_device(device)
     owns_group = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
+        store, group_rank, size = _attempt_store()
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
-            dist.init_process_group("nccl", device_id=resolved)
+            dist.init_process_group("nccl", device_id=resolved, store=store, rank=group_rank,
+                                    world_size=size)
         else:
-            dist.init_process_group("gloo")
+            dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
         owns_group = True
     elif resolved.type == "cuda":
         torch.cuda.set_device(resolved)
@@ -90,6 +92,18 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
             # DistributedDataParallel outlives its process group.
             gc.collect()
             dist.destroy_process_group()
+
+
+def _attempt_store() -> tuple[dist.Store, int, int]:
+    """torchrun's store (env://), with keys private to this restart attempt.
+
+    Under `--max-restarts`, the workers of a restart can find the agent store still holding
+    the previous attempt's keys (the gloo addresses of dead workers), and fail to connect;
+    a prefix per attempt keeps every attempt's rendezvous its own.
+    """
+    store, group_rank, size = next(dist.rendezvous("env://"))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"embodichain/attempt_{attempt}", store), group_rank, size
 
 
 def broadcast_from_rank_zero(value: Any) -> Any:

@@ -34,7 +34,9 @@ class StopRequest:
 
     def uninstall(self) -> None:
         for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
+            # A handler set after ours (e.g. SIGTERM ignored while a refusal exits) stays.
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, previous)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
