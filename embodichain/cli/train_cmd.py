@@ -17,6 +17,15 @@ NoProgressOpt = Annotated[bool, typer.Option("--no-progress",
                                              help="No progress bar or periodic log lines.")]
 
 
+NprocOpt = Annotated[int | None, typer.Option(
+    "--nproc-per-node", metavar="N", help="Start N workers on this machine through torch's "
+    "elastic launcher, as `torchrun --standalone --nproc-per-node=N` would (ignored under "
+    "torchrun).")]
+MaxRestartsOpt = Annotated[int, typer.Option(
+    "--max-restarts", metavar="M", help="With --nproc-per-node: restart all workers up to M "
+    "times after a failure (combine with --resume auto).")]
+
+
 def train_sl(
     config: ConfigOpt,
     resume: Annotated[str | None, typer.Option(
@@ -28,45 +37,51 @@ def train_sl(
     overrides: SetOpt = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the resolved recipe and exit.")] = False,
+    nproc_per_node: NprocOpt = None,
+    max_restarts: MaxRestartsOpt = 0,
     no_progress: NoProgressOpt = False,
     debug: DebugOpt = False,
 ) -> None:
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
+        from embodichain.core.errors import UsageError
         from embodichain.core.recipe import load_recipe
         from embodichain.core.resume_policy import Start
 
-        start = Start() if resume is None else _resume_start(resume)
         recipe = load_recipe(config, overrides or [])
         if print_config:
+            if resume not in (None, "auto") and not Path(resume).exists():
+                raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
             print_recipe(recipe.resolved)
             return
+        _launch_if_asked(nproc_per_node, max_restarts)
+        # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
+        start = (Start() if resume is None else
+                 Start("auto") if resume == "auto" else Start("checkpoint", Path(resume)))
         from embodichain.core.launch import train
 
         train(recipe, start=start, show_progress=not no_progress)
 
 
-def _resume_start(resume: str):  # -> resume_policy.Start (imported lazily)
-    from embodichain.core.errors import RefusedError, UsageError
-    from embodichain.core.resume_policy import Start, newest_snapshot
+def _launch_if_asked(nproc_per_node: int | None, max_restarts: int) -> None:
+    """Self-launch (R-LAUNCH-1): hand over to N workers and exit with the launcher's code."""
+    import sys
 
-    if resume == "auto":
-        return Start("auto")
-    path = Path(resume)
-    if path.is_dir():
-        snapshot = newest_snapshot(path)
-        if snapshot is None:
-            raise RefusedError(f"--resume {resume}: the run directory holds no snapshot yet")
-        return Start("checkpoint", checkpoint=snapshot.path)
-    if not path.exists():
-        raise UsageError(f"--resume {resume}: no such checkpoint file or run directory "
-                         "(or 'auto')")
-    return Start("checkpoint", checkpoint=path)
+    from embodichain.core.errors import UsageError
+    from embodichain.core.self_launch import launch, should_launch
+
+    if should_launch(nproc_per_node):
+        raise typer.Exit(launch(nproc_per_node or 1, max_restarts, sys.argv[1:]))
+    if max_restarts and nproc_per_node is None:
+        raise UsageError("--max-restarts needs --nproc-per-node N (under torchrun, give "
+                         "--max-restarts to torchrun itself)")
 
 
 def resume_run(
     run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.")],
     overrides: SetOpt = None,
+    nproc_per_node: NprocOpt = None,
+    max_restarts: MaxRestartsOpt = 0,
     no_progress: NoProgressOpt = False,
     debug: DebugOpt = False,
 ) -> None:
@@ -76,28 +91,27 @@ def resume_run(
     the continued history is exactly the uninterrupted one. A finished run is left as it is.
     """
     with reported_errors(debug):
-        from embodichain.core.errors import RefusedError
+        from embodichain.core import distributed as dist_utils
         from embodichain.core.launch import train
         from embodichain.core.recipe import validate_recipe
-        from embodichain.core.resume_policy import Start, newest_snapshot
-        from embodichain.core.run_dir import RUN_JSON, read_run_json
+        from embodichain.core.resume_policy import Start, stored_recipe
+        from embodichain.core.self_launch import should_launch
 
-        if not run_dir.is_dir():
-            raise RefusedError(f"{run_dir} is not a run directory"
-                               + (" (it is a file)" if run_dir.exists() else
-                                  " (no such directory)"))
-        snapshot = newest_snapshot(run_dir)
-        if snapshot is not None:
-            raw, source = snapshot.run["config"], f"{snapshot.path} (stored recipe)"
-        else:  # the run never saved: it restarts from update 0 with its recorded recipe
-            stored = read_run_json(run_dir)
-            if stored is None or not isinstance(stored.get("config"), dict):
-                raise RefusedError(f"{run_dir} holds no snapshot and no {RUN_JSON} with a "
-                                   "recipe; it is not a run that can be continued")
-            raw, source = stored["config"], f"{run_dir / RUN_JSON} (stored recipe)"
+        if should_launch(nproc_per_node):
+            stored_recipe(run_dir)  # a bad RUN_DIR is refused before any worker starts
+        _launch_if_asked(nproc_per_node, max_restarts)
+        found = None
+
+        def read() -> list:  # on rank 0 only
+            nonlocal found
+            found = stored_recipe(run_dir)
+            return [found.config, found.source]
+
+        # Rank 0 reads the run directory and tells the others its recipe (R-DIST-6).
+        raw, source = dist_utils.from_rank_zero_before_group("resume/recipe", read)
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
         recipe = validate_recipe(raw, source=source, overrides=overrides or [])
-        train(recipe, start=Start("in_place", snapshot=snapshot),
+        train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),
               show_progress=not no_progress)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import signal
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -101,9 +102,43 @@ def _attempt_store() -> tuple[dist.Store, int, int]:
     the previous attempt's keys (the gloo addresses of dead workers), and fail to connect;
     a prefix per attempt keeps every attempt's rendezvous its own.
     """
-    store, group_rank, size = next(dist.rendezvous("env://"))
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"embodichain/attempt_{attempt}", store), group_rank, size
+    global _STORE
+    if _STORE is None:  # one client per process: also used before the group exists
+        store, group_rank, size = next(dist.rendezvous("env://"))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        _STORE = dist.PrefixStore(f"embodichain/attempt_{attempt}", store), group_rank, size
+    return _STORE
+
+
+_STORE: tuple[dist.Store, int, int] | None = None
+
+
+def from_rank_zero_before_group(key: str, produce: Callable[[], Any]) -> Any:
+    """`produce()` run on global rank 0 only, its JSON-able result given to every rank.
+
+    For what rank 0 alone can read before the process group exists (a run directory's
+    stored recipe: other nodes may not have the directory, R-DIST-6). A UsageError there
+    reaches every rank, which exit with its code while rank 0 prints it once.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return produce()
+    store = _attempt_store()[0]
+    if env_rank() == 0:
+        try:
+            value = produce()
+        except UsageError as exc:
+            store.set(key, json.dumps({"refused": str(exc), "exit_code": exc.exit_code,
+                                       **rank_zero_origin()}))
+            raise
+        store.set(key, json.dumps({"value": value}))
+        return value
+    answer = json.loads(store.get(key))
+    if "refused" in answer:
+        _wait_for_exit(answer)
+        error = UsageError(answer["refused"])
+        error.exit_code = answer["exit_code"]
+        raise error
+    return answer["value"]
 
 
 def broadcast_from_rank_zero(value: Any) -> Any:
@@ -113,6 +148,16 @@ def broadcast_from_rank_zero(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def scatter_from_rank_zero(values: list[Any] | None) -> Any:
+    """`values[r]` (given on rank 0) on each rank r: every rank receives only its own."""
+    if not is_distributed():
+        assert values is not None
+        return values[0]
+    out: list[Any] = [None]
+    dist.scatter_object_list(out, values if is_rank_zero() else None, src=0)
+    return out[0]
 
 
 def gather_to_rank_zero(value: Any) -> list[Any] | None:
@@ -170,6 +215,18 @@ def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) ->
 
 class _StopWaiting(Exception):
     pass
+
+
+def _wait_for_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """Before any group exists: ignore torchrun's SIGTERM and let rank 0 (if on this host)
+    exit first, so that it prints the reason and every rank ends with the run's own code."""
+    with contextlib.suppress(ValueError):  # not the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if origin.get("host") != socket.gethostname():
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _process_alive(int(origin.get("pid", 0))):
+        time.sleep(0.02)
 
 
 def _process_alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import random
+import socket
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from embodichain.core.resume_policy import (
     prepare,
     resume_problems,
 )
-from embodichain.core.run_dir import new_run_id, now_iso
+from embodichain.core.run_dir import artifacts_in, new_run_id, now_iso
 from embodichain.core.run_lock import RunLock
 from embodichain.core.signals import StopRequest
 from embodichain.core.source import stream_seed
@@ -61,22 +62,11 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
         try:
             # Ranks share the model init above; from here on each has its own streams.
             _seed_everything(stream_seed(config.seed, dist_utils.rank()) % (2**32))
-            outcome = None
-            if dist_utils.is_rank_zero():
-                outcome = _prepare_on_rank_zero(recipe, trainer, start, lock)
-            outcome = dist_utils.broadcast_from_rank_zero(outcome)
-            if "refused" in outcome:
-                dist_utils.wait_for_rank_zero_exit(outcome)
-                raise RefusedError(outcome["refused"])
-            if "failed" in outcome:
-                dist_utils.wait_for_rank_zero_exit(outcome)
-                raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
+            outcome = _agree_on_start(recipe, trainer, start, lock)
             if "complete" in outcome:
                 if dist_utils.is_rank_zero():
                     log.info("%s", outcome["complete"])
                 return {}
-            if outcome["payload"] is not None:
-                trainer.restore(outcome["payload"])
             directory = Path(config.trainer.output_dir)
             metrics = None
             if dist_utils.is_rank_zero():
@@ -123,8 +113,44 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
+def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lock: RunLock
+                    ) -> dict[str, Any]:
+    """Rank 0 decides how the run starts; every rank learns the outcome and restores its part.
+
+    One gather brings rank 0 every rank's host, data identity and (for `--resume auto`)
+    whether it sees a run in its own output_dir (R-DIST-7, R-DIST-6). Rank 0 alone reads
+    the snapshot; it broadcasts the common state and scatters each rank only its own part,
+    so no other node needs the file (nor the run directory).
+    """
+    facts = {"rank": dist_utils.rank(), "host": socket.gethostname(),
+             "source_identity": trainer.source.identity,
+             "sees_run": start.kind == "auto"
+             and bool(artifacts_in(Path(recipe.config.trainer.output_dir)))}
+    peers = dist_utils.gather_to_rank_zero(facts)
+    outcome, payload = None, None
+    if dist_utils.is_rank_zero():
+        outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [])
+    outcome = dist_utils.broadcast_from_rank_zero(outcome)
+    if "refused" in outcome:
+        dist_utils.wait_for_rank_zero_exit(outcome)
+        raise RefusedError(outcome["refused"])
+    if "failed" in outcome:
+        dist_utils.wait_for_rank_zero_exit(outcome)
+        raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
+    if outcome.get("restore"):
+        common = {k: v for k, v in payload.items() if k != "ranks"} if payload else None
+        common = dist_utils.broadcast_from_rank_zero(common)
+        parts = ([payload["ranks"][r] for r in range(dist_utils.world_size())]
+                 if payload is not None else None)
+        own = dist_utils.scatter_from_rank_zero(parts)
+        trainer.restore({**common, "ranks": {dist_utils.rank(): own}})
+    return outcome
+
+
 def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Start,
-                          lock: RunLock) -> dict[str, Any]:
+                          lock: RunLock, peers: list[dict[str, Any]]
+                          ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The outcome every rank hears, and the snapshot payload to restore (or None)."""
     identity = {
         "run_id": new_run_id(),
         "created_at": now_iso(),
@@ -138,16 +164,43 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
     }
     directory = Path(recipe.config.trainer.output_dir)
     try:
+        _check_peers(peers, directory)
         prepared = prepare(start, identity, directory, lock, recipe.source)
         lock.publish(identity["created_at"])
     except RunComplete as done:
-        return {"complete": str(done)}
+        return {"complete": str(done)}, None
     except UsageError as exc:
-        return {"refused": str(exc), **dist_utils.rank_zero_origin()}
+        return {"refused": str(exc), **dist_utils.rank_zero_origin()}, None
     except Exception as exc:  # the other ranks wait for an outcome: they must hear of it
-        return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}
-    return {"identity": prepared.identity, "payload": prepared.payload,
-            "notes": list(prepared.notes)}
+        return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
+    return ({"identity": prepared.identity, "notes": list(prepared.notes),
+             "restore": prepared.payload is not None}, prepared.payload)
+
+
+def _check_peers(peers: list[dict[str, Any]], directory: Path) -> None:
+    """Refuse when ranks train on different data (R-DIST-7), or when, with `--resume auto`,
+    another node sees a run that rank 0 does not (the run lives where rank 0 runs)."""
+    by_identity: dict[str, list[dict[str, Any]]] = {}
+    for peer in peers:
+        by_identity.setdefault(peer["source_identity"], []).append(peer)
+    if len(by_identity) > 1:
+        sides = "\n".join(
+            f"  - {identity}: " + ", ".join(f"rank {p['rank']} on {p['host']}" for p in group)
+            for identity, group in by_identity.items())
+        raise RefusedError("the ranks do not train on the same data: their source identities "
+                           f"differ\n{sides}\nGive every node identical data files (NeRD's "
+                           "prepare is deterministic: run it with the same arguments on each "
+                           "node). Nothing was started.")
+    if peers and not peers[0]["sees_run"]:
+        elsewhere = [p for p in peers[1:] if p["sees_run"]]
+        if elsewhere:
+            holders = ", ".join(f"rank {p['rank']} on {p['host']}" for p in elsewhere)
+            raise RefusedError(
+                f"--resume auto: rank 0 on {peers[0]['host']} finds no run in {directory}, but "
+                f"{holders} finds one in its own {directory}. The run directory lives where global "
+                "rank 0 runs; this rendezvous put rank 0 on another machine. Start again with "
+                f"the node that holds the run as node rank 0 (or copy {directory} there); "
+                "nothing was started, so the run is not started over.")
 
 
 def versions(recipe: Recipe) -> dict[str, str]:

@@ -135,6 +135,33 @@ def newest_snapshot(directory: Path) -> Snapshot | None:
     return Snapshot(best.path, best.data, note, tuple(damaged))
 
 
+@dataclass(frozen=True)
+class StoredRecipe:
+    """What `resume RUN_DIR` continues with: the recipe stored with the run, where it came
+    from, and the snapshot it continues from (None: the run never saved one)."""
+
+    config: dict[str, Any]
+    source: str
+    snapshot: Snapshot | None
+
+
+def stored_recipe(directory: Path) -> StoredRecipe:
+    """The recipe of the run in `directory`: its newest snapshot's, else run.json's."""
+    if not directory.is_dir():
+        raise RefusedError(f"{directory} is not a run directory"
+                           + (" (it is a file)" if directory.exists() else
+                              " (no such directory)"))
+    snapshot = newest_snapshot(directory)
+    if snapshot is not None:
+        return StoredRecipe(snapshot.run["config"], f"{snapshot.path} (stored recipe)",
+                            snapshot)
+    stored = read_run_json(directory)  # it never saved: restart from 0 with its recipe
+    if stored is None or not isinstance(stored.get("config"), dict):
+        raise RefusedError(f"{directory} holds no snapshot and no {RUN_JSON} with a recipe; "
+                           "it is not a run that can be continued")
+    return StoredRecipe(stored["config"], f"{directory / RUN_JSON} (stored recipe)", None)
+
+
 # ----------------------------------------------------------------------------------------
 # Compatibility (R-RESUME-2)
 
@@ -243,7 +270,13 @@ def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared
 
 def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
                      lock: RunLock, recipe_source: str | None) -> Prepared:
-    data = read_checkpoint(checkpoint)
+    if checkpoint.is_dir():  # a run directory: its newest snapshot
+        newest = newest_snapshot(checkpoint)
+        if newest is None:
+            raise RefusedError(f"--resume {checkpoint}: the run directory holds no snapshot")
+        checkpoint, data = newest.path, newest.data
+    else:
+        data = read_checkpoint(checkpoint)
     check_rank_entries(data, checkpoint)
     snapshot = Snapshot(checkpoint, data)
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],

@@ -1,0 +1,203 @@
+"""Several machines (R-DIST-6, R-DIST-7, R-LAUNCH-1): two torchrun agents on this machine.
+
+Each "node" is a torchrun agent with one worker, started from its own empty working
+directory, so relative paths (output_dir) point at different places, as on machines that
+share no filesystem. Global rank 0 runs on node 0 (static rendezvous).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TIMEOUT, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from state_compare import assert_training_state_equal
+
+from embodichain.core.run_dir import read_metrics
+
+FACTORIES = REPO / "tests" / "factories"
+RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": 300,
+          "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
+RUN = "outputs/run"  # relative: each node resolves it in its own working directory
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _nodes(tmp_path: Path, **changes_on_node_1: object) -> tuple[Path, Path]:
+    """Two empty working directories, each with the recipe (node 1's possibly changed)."""
+    dirs = []
+    for node in (0, 1):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        write_recipe(cwd / "r.yaml", Path(RUN), **RECIPE,
+                     **(changes_on_node_1 if node == 1 else {}))
+        dirs.append(cwd)
+    return dirs[0], dirs[1]
+
+
+def _two_nodes(cwds: tuple[Path, Path], *args: str, rdzv: str = "static",
+               max_restarts: int = 0, env: dict[str, str] | None = None
+               ) -> list[subprocess.CompletedProcess[str]]:
+    """Run `torchrun --nnodes=2 --nproc-per-node=1 ... -m embodichain ARGS` as both nodes."""
+    port = _free_port()
+    if rdzv == "static":
+        rendezvous = ["--master-addr=127.0.0.1", f"--master-port={port}"]
+    else:
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                      f"--rdzv-id={uuid.uuid4().hex[:8]}"]
+    procs = []
+    for node, cwd in enumerate(cwds):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+               f"--node-rank={node}", *rendezvous, f"--max-restarts={max_restarts}",
+               "--monitor-interval=0.2", "-m", "embodichain", *args, "--no-progress"]
+        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env or worker_env(
+            PYTHONPATH=str(FACTORIES)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=TIMEOUT)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def _records(directory: Path) -> list[dict]:
+    log = read_metrics(directory / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
+
+
+def _assert_equal_runs(run: Path, reference: Path) -> None:
+    for name in ("step_200.pt", "last.pt"):
+        assert assert_training_state_equal(reference / name, run / name) >= 18
+    assert _records(run) == _records(reference)
+
+
+def _assert_clean(cwd: Path) -> None:
+    """Only the recipe: no run directory, checkpoint or lock on a node without rank 0."""
+    assert sorted(p.name for p in cwd.rglob("*")) == ["r.yaml"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recipe trained by 2 workers on one node with a plain torchrun launch."""
+    root = tmp_path_factory.mktemp("multinode_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           env=worker_env(PYTHONPATH=str(FACTORIES))))
+    return root / "run"
+
+
+@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+def test_two_nodes_train_exactly_like_one_node(rdzv: str, reference: Path, tmp_path: Path
+                                               ) -> None:
+    cwds = _nodes(tmp_path)
+    for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml", rdzv=rdzv):
+        assert_ok(proc)
+    # The run directory lives where global rank 0 runs; c10d may put it on either node.
+    holder = [cwd for cwd in cwds if (cwd / RUN).exists()]
+    assert len(holder) == 1
+    _assert_clean(cwds[1] if holder[0] == cwds[0] else cwds[0])
+    _assert_equal_runs(holder[0] / RUN, reference)
+
+
+def test_resume_ckpt_into_a_fresh_directory_on_two_nodes(reference: Path, tmp_path: Path
+                                                         ) -> None:
+    cwds = _nodes(tmp_path)
+    shutil.copytree(reference, cwds[0] / RUN)  # only node 0 has the checkpoint
+    for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume",
+                           f"{RUN}/step_120.pt", "--set", "trainer.output_dir=outputs/resumed"):
+        assert_ok(proc)
+    _assert_clean(cwds[1])
+    resumed = cwds[0] / "outputs" / "resumed"
+    for name in ("step_200.pt", "last.pt"):
+        assert assert_training_state_equal(reference / name, resumed / name) >= 18
+    assert _records(resumed) == [r for r in _records(reference) if r["step"] > 120]
+
+
+def test_resume_run_dir_on_two_nodes_rolls_back_and_continues(reference: Path,
+                                                              tmp_path: Path) -> None:
+    cwds = _nodes(tmp_path)
+    run = cwds[0] / RUN
+    shutil.copytree(reference, run)
+    for n in (240, 280, 300):
+        (run / f"step_{n}.pt").unlink(missing_ok=True)
+    shutil.copyfile(run / "step_200.pt", run / "last.pt")  # as if it died at update ~290
+    for proc in _two_nodes(cwds, "resume", RUN):
+        assert_ok(proc)
+    _assert_clean(cwds[1])
+    _assert_equal_runs(run, reference)
+    events = json.loads((run / "run.json").read_text())["events"]
+    assert [e["step"] for e in events if e["event"] == "rolled_back"] == [200]
+
+
+def test_resume_auto_survives_a_sigkill_of_node_1s_worker(reference: Path, tmp_path: Path
+                                                         ) -> None:
+    cwds = _nodes(tmp_path)
+    kills = [{"id": "node1", "rank": 1, "update": 130}]
+    env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_KILLS=json.dumps(kills),
+                     EMBODICHAIN_TEST_KILL_LOG=str(tmp_path / "kills.log"))
+    results = _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume", "auto",
+                         max_restarts=2, env=env)
+    for proc in results:
+        assert_ok(proc)
+    assert (tmp_path / "kills.log").read_text().split() == ["node1"]
+    _assert_clean(cwds[1])
+    _assert_equal_runs(cwds[0] / RUN, reference)
+    events = json.loads((cwds[0] / RUN / "run.json").read_text())["events"]
+    assert [(e["event"], e["step"]) for e in events if e["event"] == "resumed"] == \
+        [("resumed", 120)]
+
+
+def test_node_1_with_other_data_is_refused_naming_both_sides(tmp_path: Path) -> None:
+    cwds = _nodes(tmp_path, **{"data.seed": 4321})
+    results = _two_nodes(cwds, "train-sl", "--config", "r.yaml")
+    assert all(proc.returncode != 0 for proc in results)
+    err = results[0].stderr
+    assert "exitcode  : 2" in err, err
+    message = next(line for line in err.splitlines() if line.startswith("error: the ranks"))
+    assert "source identities differ" in message
+    lines = err.split(message, 1)[1].splitlines()[1:3]
+    assert any("rank 0 on " in line for line in lines) and any("rank 1 on " in line
+                                                               for line in lines)
+    assert lines[0].split(":")[1] != lines[1].split(":")[1]  # both identities named
+    assert not (cwds[0] / "outputs").exists()
+    _assert_clean(cwds[1])
+
+
+def test_resume_auto_refuses_when_only_another_node_has_the_run(reference: Path,
+                                                                tmp_path: Path) -> None:
+    cwds = _nodes(tmp_path)
+    shutil.copytree(reference, cwds[1] / RUN)  # rank 0 will run on node 0 this time
+    results = _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume", "auto")
+    assert all(proc.returncode != 0 for proc in results)
+    host = socket.gethostname()
+    assert f"rank 0 on {host} finds no run in {RUN}, but rank 1 on {host} finds one" \
+        in results[0].stderr
+    assert not (cwds[0] / "outputs").exists()  # not started over
+
+
+def test_self_launch_matches_torchrun_and_reports_refusals_once(reference: Path,
+                                                                tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    env = worker_env(PYTHONPATH=str(FACTORIES))
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
+                      "--no-progress", env=env))
+    assert json.loads((run / "run.json").read_text())["world_size"] == 2
+    _assert_equal_runs(run, reference)
+
+    refused = run_cli("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
+                      "--no-progress", env=env)
+    assert refused.returncode == 1  # torchrun's code; its report names each worker's 2
+    assert refused.stderr.count("exitcode  : 2") == 2
+    printed = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert len(printed) == 1 and "already holds a run" in printed[0]
