@@ -42,6 +42,7 @@ from embodichain.core.run_dir import (
     update_run_json,
 )
 from embodichain.core.run_lock import RunLock, refuse_if_locked
+from embodichain.core.summary import command_for
 
 StartKind = Literal["fresh", "checkpoint", "in_place", "auto"]
 
@@ -213,15 +214,7 @@ def _refuse_differences(what: str, problems: list[str]) -> None:
 
 def resume_command(directory: Path | str, world_size: int) -> str:
     """The exact command that continues `directory` in place with `world_size` workers."""
-    if world_size <= 1:
-        return f"embodichain resume {directory}"
-    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)) or world_size)
-    if nodes > 1:
-        return (f"torchrun --nnodes={nodes} --nproc-per-node={per_node} --rdzv-backend=c10d "
-                f"--rdzv-endpoint=HOST:PORT -m embodichain resume {directory} (on every node)")
-    return (f"OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node={world_size} "
-            f"-m embodichain resume {directory}")
+    return command_for(f"resume {directory}", world_size)
 
 
 # ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from embodichain.core.errors import UsageError
+from embodichain.core.summary import SELF_LAUNCHED
 
 LAUNCH_OPTIONS = ("--nproc-per-node", "--max-restarts")
 
@@ -67,6 +68,7 @@ def launch(nproc_per_node: int, max_restarts: int, argv: Sequence[str]) -> int:
 
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, command, command_args = config_from_args(args)
+    os.environ[SELF_LAUNCHED] = "1"  # the workers' messages then name this way to continue
     try:
         elastic_launch(config, command)(*command_args)
     except ChildFailedError as exc:

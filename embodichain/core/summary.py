@@ -9,6 +9,7 @@ Imports no torch.
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
 import shlex
@@ -137,12 +138,23 @@ def read_run_facts(directory: Path) -> RunFacts:
     return facts
 
 
-def launch_prefix(world_size: int | None) -> str:
-    """How to start workers for this run: plain for one, torchrun for several."""
-    if world_size and world_size > 1:
-        return (f"OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node={world_size} "
-                "-m embodichain")
-    return "embodichain"
+SELF_LAUNCHED = "EMBODICHAIN_SELF_LAUNCHED"  # set for workers started by --nproc-per-node
+
+
+def command_for(args: str, world_size: int | None) -> str:
+    """`embodichain ARGS` as this run's workers must be started again: in one process, or
+    the way this run was launched (self-launch, torchrun on one node or on several)."""
+    if not world_size or world_size <= 1:
+        return f"embodichain {args}"
+    if os.environ.get(SELF_LAUNCHED):
+        return f"embodichain {args} --nproc-per-node {world_size}"
+    nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    if nodes > 1:
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        return (f"torchrun --nnodes={nodes} --nproc-per-node={per_node} (and this job's "
+                f"rendezvous options, on every node) -m embodichain {args}")
+    return (f"OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node={world_size} "
+            f"-m embodichain {args}")
 
 
 def summary_lines(directory: Path, *, status: Status = "finished", start_step: int | None = None,
@@ -182,16 +194,15 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
     row("snapshots", ", ".join(shown) or "none")
     newest = "last.pt" if "last.pt" in facts.snapshots else next(
         (n for n in reversed(facts.snapshots) if n.startswith("step_")), None)
-    launcher = launch_prefix(facts.world_size)
     if newest is not None:
         row("inspect", f"embodichain inspect-checkpoint {d}/{newest}")
     if status == "finished":
         more = 2 * (end or facts.max_updates or 0) or "N"
-        row("train on", f"{launcher} resume {d} --set trainer.max_updates={more}")
-    elif status != "refused" and newest is not None:
-        row("continue", f"{launcher} resume {d}")
+        row("train on", command_for(f"resume {d} --set trainer.max_updates={more}",
+                                    facts.world_size))
     elif status != "refused":
-        row("continue", "no snapshot was written: start again in a fresh trainer.output_dir")
+        row("continue", command_for(f"resume {d}", facts.world_size)
+            + ("" if newest is not None else "  (no snapshot yet: it restarts at update 0)"))
     if facts.figures:
         row("curves", f"embodichain report {d}")
     return lines
