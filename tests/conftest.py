@@ -82,6 +82,12 @@ def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
                                  f"stderr:\n{proc.stderr}"
 
 
+def workers_output(output: str) -> str:
+    """What the workers printed under torchrun: the output before torchrun's own failure
+    report, which repeats each worker's message from its elastic error file (SPEC §9)."""
+    return output.split("Traceback (most recent call last):", 1)[0]
+
+
 def _train_example(root: Path, launch) -> Path:
     recipe = write_recipe(root / "cpu.yaml", root / "run")
     proc = launch("train-sl", "--config", str(recipe), "--no-progress")

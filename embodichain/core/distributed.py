@@ -180,41 +180,28 @@ def rank_zero_origin() -> dict[str, Any]:
 
 
 def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
-    """Called by the other ranks when rank 0 stops the run: leave only after rank 0 has ended.
+    """Called by every rank when rank 0 stops the run (refusal or failure), before raising.
 
-    Rank 0 prints its reason (SPEC §9) after leaving the process group; torchrun stops the
-    remaining workers as soon as the first one exits, so a rank that left first could get
-    rank 0 killed before it printed. Under torchrun this rank then waits (briefly) for the
-    SIGTERM with which torchrun stops the others, and ends with its own exit code rather than
-    being killed by it. Only ranks on rank 0's host can see its process; others return at once.
+    Guarantee (SPEC §9): each worker ends with the run's own exit code (2 for a refusal, 1
+    for a failure), also on a loaded machine, and rank 0 prints the reason. torchrun stops
+    the remaining workers with SIGTERM as soon as the first one exits, so from here until
+    it exits every rank ignores SIGTERM: a rank still shutting down when torchrun reacts
+    ends with its own code instead of -15 (torchrun escalates to SIGKILL only after 30 s).
+    A barrier makes sure every rank has done so before any of them can exit. Then the other
+    ranks leave only after rank 0 has ended, so that rank 0 is never stopped before it has
+    printed the reason. Only ranks on rank 0's host can see its process; others go at once.
     """
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread: cannot change signal handling
+        pass
+    barrier()
     if is_rank_zero() or origin.get("host") != socket.gethostname():
         return
     pid = origin.get("pid")
-
-    def stop(signum: int, frame: Any) -> None:
-        raise _StopWaiting
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: cannot wait safely
-        return
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and isinstance(pid, int) and _process_alive(pid):
-            time.sleep(0.02)
-        if os.environ.get("TORCHELASTIC_RUN_ID"):
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline:
-                time.sleep(0.02)
-    except _StopWaiting:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-class _StopWaiting(Exception):
-    pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and isinstance(pid, int) and _process_alive(pid):
+        time.sleep(0.02)
 
 
 def _wait_for_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
