@@ -7,6 +7,7 @@ model and schema) plus one behaviour under test:
   carries a buffer that each rank updates with its own batches (per-rank buffers, R-CKPT-5).
 - `save_in_validation`: a validation callback on rank 0 calls `trainer.save(...)` (R-VAL-2),
   writing `during_validation_{step}.pt` into the run directory.
+- `failing_prepare`: preparing the run directory fails on rank 0 with an unexpected error.
 - `failing_save`: at the first validation, rank 0 limits its file size (RLIMIT_FSIZE, with
   SIGXFSZ ignored), so the next checkpoint write fails with EFBIG as on a full disk (R-CKPT-6).
 """
@@ -117,3 +118,22 @@ def failing_save(config: sl_ddp.SlDdpConfig, device: torch.device) -> Supervised
 
 
 failing_save.config_schema = sl_ddp.SlDdpConfig
+
+
+# -- a failure while rank 0 prepares the run directory -------------------------------------------
+
+
+def failing_prepare(config: sl_ddp.SlDdpConfig, device: torch.device) -> SupervisedTrainer:
+    """On rank 0, publishing the run lock's holder (the last step of preparing the run
+    directory) raises an unexpected error, as a bug would: not a refusal, a failure."""
+    if _rank() == 0:
+        from embodichain.core.run_lock import RunLock
+
+        def publish(self, *args, **kwargs):
+            raise RuntimeError("simulated failure while preparing")
+
+        RunLock.publish = publish
+    return _trainer(config, device)
+
+
+failing_prepare.config_schema = sl_ddp.SlDdpConfig

@@ -42,23 +42,23 @@ def test_failed_save_on_rank_zero_stops_every_rank(tmp_path: Path) -> None:
     assert elapsed < GUARD
     # it stopped at the failed save: nothing after update 100, no checkpoint, no temp file left
     assert max(r["step"] for r in metrics(run)) == 100
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl", "run.json"]
+    # (.lock is the run lock's file, R-RUN-5: the kernel released the lock with the process)
+    assert sorted(p.name for p in run.iterdir()) == [".lock", "metrics.jsonl", "run.json"]
 
 
 def test_unexpected_failure_while_preparing_on_rank_zero_stops_every_rank(tmp_path: Path
                                                                           ) -> None:
-    """Rank 0 alone prepares the run directory; an OS error there (here: output_dir below a
-    regular file) must reach the other ranks, which wait for that outcome, instead of hanging
-    them."""
-    blocker = tmp_path / "a_file"
-    blocker.write_text("not a directory\n")
-    recipe = write_recipe(tmp_path / "r.yaml", blocker / "run")
-    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD)
+    """Rank 0 alone prepares the run directory; an unexpected error there (an OS error is a
+    refusal: output_dir cannot be used) must reach the other ranks, which wait for that
+    outcome, instead of hanging them."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          factory="recovery_factories:failing_prepare")
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env=factory_env(), timeout=GUARD)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
-    reason = "preparing the run failed on rank 0: NotADirectoryError"
+    reason = "preparing the run failed on rank 0: RuntimeError: simulated failure while preparing"
     assert len(re.findall(rf"^error: {re.escape(reason)}", out, re.M)) == 1, out  # rank 0
     assert out.count(f"[rank 1] error: {reason}") == 1, out
     assert re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", out, re.M) == ["1", "1"], out
     assert_only_torchruns_traceback(out)
-    assert blocker.read_text() == "not a directory\n"

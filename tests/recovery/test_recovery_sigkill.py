@@ -11,13 +11,15 @@ exactly the state of the uninterrupted run at its step.
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, worker_env, write_recipe
-from recovery_helpers import HERE, assert_state_equal
+from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from recovery_helpers import HERE, assert_state_equal, assert_training_state_equal, factory_env
 
 from embodichain.core.checkpoint import read_checkpoint, step_files
 from embodichain.core.run_dir import read_metrics
@@ -115,3 +117,137 @@ def test_sigkill_at_random_moments_leaves_everything_readable(tmp_path: Path) ->
 def _last_step(directory: Path) -> int | None:
     last = directory / "last.pt"
     return read_checkpoint(last)["manifest"]["step"] if last.exists() else None
+
+
+# -- deterministic kills inside each critical window ---------------------------------------------
+#
+# tests/recovery/kill_points.py runs the real CLI and SIGKILLs it at a chosen call (it wraps
+# os.replace, Path.unlink or the trainer's state capture in that process only), recording what
+# it was about to do. Each test asserts that the kill landed inside its window (the mark, and
+# the directory state only that window leaves), that the directory stays readable, and that
+# `embodichain resume` then finishes the run exactly as the uninterrupted one.
+
+K = 5  # the update whose save is interrupted
+SHORT = {"trainer.max_updates": 12, "trainer.save_every": 1, "trainer.log_every": 1,
+         "trainer.validate_every": 0}
+GUARD = 240
+
+
+@pytest.fixture(scope="module")
+def short_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The short recipe trained to the end in one process, without interruption."""
+    root = tmp_path_factory.mktemp("short_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **SHORT)
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD))
+    return root / "run"
+
+
+def _killed(args: list[str], point: dict, mark: Path, nproc: int = 1
+            ) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """Run `embodichain ARGS` through kill_points; returns the process and its kill mark."""
+    env = factory_env(EMBODICHAIN_TEST_KILL_POINT=json.dumps(point),
+                      EMBODICHAIN_TEST_KILL_MARK=str(mark))
+    if nproc > 1:
+        proc = run_torchrun(*args, nproc=nproc, module="kill_points", env=env, timeout=GUARD)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "kill_points", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=GUARD)
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert mark.is_file(), f"the kill point {point} was never reached:\n{out}"
+    return proc, json.loads(mark.read_text())
+
+
+def _readable(directory: Path) -> dict[str, int]:
+    """Every *.pt verifies, run.json parses, metrics.jsonl reads; returns name -> step."""
+    steps = {p.name: read_checkpoint(p)["manifest"]["step"] for p in directory.glob("*.pt")}
+    run = json.loads((directory / "run.json").read_text())
+    assert steps and run["run_id"] == read_checkpoint(directory / "last.pt")["manifest"]["run_id"]
+    log = read_metrics(directory / "metrics.jsonl")
+    assert not log.bad_lines
+    return steps
+
+
+def _temps(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def _resume_to_the_end(directory: Path, reference: Path, nproc: int = 1) -> None:
+    launch = run_torchrun if nproc > 1 else run_cli
+    assert_ok(launch("resume", str(directory), "--no-progress", timeout=GUARD))
+    assert_training_state_equal(reference / "last.pt", directory / "last.pt")
+    assert not _temps(directory), _temps(directory)  # the stale temp files were removed
+    events = json.loads((directory / "run.json").read_text())["events"]
+    assert [e["event"] for e in events if e["event"] == "resumed"] == ["resumed"]
+
+
+WINDOWS = {
+    # save of update K: temp file complete, last.pt not yet replaced
+    "before the last.pt rename": {"at": "replace", "name": "last.pt", "nth": K},
+    # last.pt already holds update K; step_K.pt not yet renamed into place
+    "between the last.pt and step file renames": {"at": "replace", "name": f"step_{K}.pt"},
+    # keep_last=2: step_K saved, step_{K-2} about to be deleted
+    "during keep_last deletion": {"at": "unlink", "name": f"step_{K - 2}.pt"},
+}
+
+
+@pytest.mark.parametrize("window", list(WINDOWS))
+def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
+        short_reference: Path, tmp_path: Path, window: str) -> None:
+    run = tmp_path / "run"
+    keep = {"trainer.keep_last": 2} if "keep_last" in window else {}
+    recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT, **keep)
+    _, mark = _killed(["train-sl", "--config", str(recipe), "--no-progress"], WINDOWS[window],
+                      tmp_path / "mark.json")
+    steps = _readable(run)
+    step_files_left = sorted(int(n[5:-3]) for n in steps if n.startswith("step_"))
+    if window == "before the last.pt rename":
+        assert mark["src_exists"] and mark["dst_exists"], mark
+        assert steps["last.pt"] == K - 1 and step_files_left == list(range(1, K))
+        assert [t.split(".pt.")[0] for t in _temps(run)] == [".last", f".step_{K}"]
+    elif window == "between the last.pt and step file renames":
+        assert mark["src_exists"] and not mark["dst_exists"], mark
+        assert steps["last.pt"] == K and step_files_left == list(range(1, K))
+        assert [t.split(".pt.")[0] for t in _temps(run)] == [f".step_{K}"]
+    else:
+        assert mark["exists"], mark
+        assert steps["last.pt"] == K and step_files_left == [K - 2, K - 1, K]
+    _resume_to_the_end(run, short_reference)
+    if keep:
+        assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_11.pt", "step_12.pt"]
+
+
+def test_sigkill_inside_a_run_json_update_leaves_it_whole(short_reference: Path,
+                                                          tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
+    _killed(["train-sl", "--config", str(recipe), "--no-progress"],
+            {"at": "replace", "name": "last.pt", "nth": K + 1}, tmp_path / "mark1.json")
+    before = (run / "run.json").read_bytes()
+    # resuming in place records the resume in run.json: killed inside that update
+    _, mark = _killed(["resume", str(run), "--no-progress"],
+                      {"at": "replace", "name": "run.json"}, tmp_path / "mark2.json")
+    assert mark["src_exists"] and Path(mark["src"]).name.startswith(".run.json."), mark
+    assert Path(mark["src"]).exists()  # the new content was complete, just not in place
+    _readable(run)
+    assert (run / "run.json").read_bytes() == before  # the old run.json, whole
+    _resume_to_the_end(run, short_reference)
+
+
+def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(tmp_path: Path) -> None:
+    """Rank 1 dies while the ranks gather the state of update K for its save."""
+    reference = tmp_path / "reference"
+    recipe = write_recipe(tmp_path / "ref.yaml", reference, **SHORT)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD))
+
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
+    proc, mark = _killed(["train-sl", "--config", str(recipe), "--no-progress"],
+                         {"at": "capture", "step": K, "rank": 1}, tmp_path / "mark.json",
+                         nproc=2)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and mark == {"at": "capture", "step": K, "rank": 1}, out
+    assert re.search(r"^\s*exitcode\s*:\s*-9\b", out, re.M), out  # rank 1, SIGKILLed
+    steps = _readable(run)
+    assert steps["last.pt"] == K - 1 and f"step_{K}.pt" not in steps, (steps, out)
+    _resume_to_the_end(run, reference, nproc=2)
