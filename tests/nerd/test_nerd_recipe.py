@@ -170,3 +170,38 @@ def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) ->
                 for r in records if r["step"] > 20]
 
     assert after_20(run_a) == after_20(run_b) != []
+
+
+def test_resume_is_refused_when_the_data_file_was_regenerated(tmp_path: Path) -> None:
+    """R-RESUME-2: same recipe, same data path, other content (another seed) -> refused, naming
+    the source identity and nothing else."""
+    data = tmp_path / "data"
+
+    def generate(seed: int) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "embodichain_models.dynamics.nerd.prepare", "--out", str(data),
+             "--train-trajectories", "100", "--val-trajectories", "20", "--steps", "20",
+             "--seed", str(seed)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    generate(0)
+    recipe = small_recipe(tmp_path / "r.yaml", data, **{
+        "trainer.batch_size": 16, "trainer.max_updates": 10, "trainer.save_every": 10,
+        "trainer.validate_every": 0, "trainer.log_every": 10})
+    trained = cli("train-sl", "--config", str(recipe), "--no-progress")
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    old = json.loads((tmp_path / "run" / "run.json").read_text())["source_identity"]
+
+    generate(1)  # the same file names, other trajectories
+    dest = tmp_path / "resumed"
+    refused = cli("train-sl", "--config", str(recipe), "--resume",
+                  str(tmp_path / "run" / "step_10.pt"), "--set", f"trainer.output_dir={dest}",
+                  "--no-progress")
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 2, out
+    assert "Traceback" not in out, out
+    listed = [line for line in out.splitlines() if line.startswith("  - ")]
+    assert len(listed) == 1 and listed[0].startswith(f"  - source identity: checkpoint {old}, "
+                                                     "this run nerd-cartpole:"), out
+    assert old not in listed[0].split("this run")[1], out  # really other content
+    assert not dest.exists()
