@@ -9,6 +9,11 @@ Both run the sl_ddp example with 2 gloo workers under torchrun, alternating
 - whole-process ratio: wall time of the whole `torchrun` command, start-up included.
 
     python benchmarks/overhead.py --pairs 5 --updates 200 2000
+    python benchmarks/overhead.py --pairs 5 --updates 2000 --baseline-ref 48f63ee
+
+`--baseline-ref REF` adds a third run to every group: train-sl as of git commit REF (from a
+temporary worktree), so that the cost of a change is measured side by side with the code
+before it.
 """
 
 from __future__ import annotations
@@ -29,8 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
 
 
-def torchrun(*args: str) -> float:
+def torchrun(*args: str, pythonpath: Path | None = None) -> float:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if pythonpath is not None:  # import embodichain from another tree (the baseline)
+        env["PYTHONPATH"] = str(pythonpath)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
            "--nproc-per-node=2", *args]
     start = time.perf_counter()
@@ -51,11 +58,12 @@ def seconds_per_update(metrics: Path) -> float:
     return statistics.median(rates)
 
 
-def framework_run(work: Path, updates: int) -> tuple[float, float]:
+def framework_run(work: Path, updates: int, tree: Path | None = None) -> tuple[float, float]:
     recipe = yaml.safe_load(RECIPE.read_text())
     recipe["trainer"].update(max_updates=updates, output_dir=str(work / "run"))
     (work / "r.yaml").write_text(yaml.safe_dump(recipe))
-    wall = torchrun("-m", "embodichain", "train-sl", "--config", str(work / "r.yaml"))
+    wall = torchrun("-m", "embodichain", "train-sl", "--config", str(work / "r.yaml"),
+                    "--no-progress", pythonpath=tree)
     return wall, seconds_per_update(work / "run" / "metrics.jsonl")
 
 
@@ -69,23 +77,48 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--updates", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--baseline-ref", help="also run train-sl as of this git commit")
     args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as trees:
+        baseline = None
+        if args.baseline_ref:
+            baseline = Path(trees) / "baseline"
+            subprocess.run(["git", "worktree", "add", "--detach", str(baseline),
+                            args.baseline_ref], cwd=REPO, check=True, capture_output=True)
+        try:
+            measure(args.updates, args.pairs, baseline)
+        finally:
+            if baseline is not None:
+                subprocess.run(["git", "worktree", "remove", "--force", str(baseline)],
+                               cwd=REPO, check=False)
+
+
+def measure(sizes: list[int], pairs: int, baseline: Path | None) -> None:
     results = {}
-    for updates in args.updates:
-        step_ratios, wall_ratios = [], []
-        for pair in range(args.pairs):
+    for updates in sizes:
+        step_ratios, wall_ratios, base_ratios = [], [], []
+        for pair in range(pairs):
             with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
                 fw_wall, fw_step = framework_run(Path(a), updates)
                 raw_wall, raw_step = raw_run(Path(b), updates)
             step_ratios.append(fw_step / raw_step)
             wall_ratios.append(fw_wall / raw_wall)
-            print(f"{updates} updates, pair {pair + 1}: per-update {fw_step * 1e3:.3f} ms vs "
-                  f"{raw_step * 1e3:.3f} ms ({step_ratios[-1]:.3f}x); whole process "
-                  f"{fw_wall:.2f} s vs {raw_wall:.2f} s ({wall_ratios[-1]:.3f}x)", flush=True)
-        results[updates] = (statistics.median(step_ratios), statistics.median(wall_ratios))
+            line = (f"{updates} updates, pair {pair + 1}: per-update {fw_step * 1e3:.3f} ms vs "
+                    f"{raw_step * 1e3:.3f} ms ({step_ratios[-1]:.3f}x); whole process "
+                    f"{fw_wall:.2f} s vs {raw_wall:.2f} s ({wall_ratios[-1]:.3f}x)")
+            if baseline is not None:
+                with tempfile.TemporaryDirectory() as c:
+                    _, base_step = framework_run(Path(c), updates, baseline)
+                base_ratios.append(fw_step / base_step)
+                line += f"; baseline {base_step * 1e3:.3f} ms ({base_ratios[-1]:.3f}x)"
+            print(line, flush=True)
+        results[updates] = (statistics.median(step_ratios), statistics.median(wall_ratios),
+                            statistics.median(base_ratios) if base_ratios else None)
     print("\nmedians (train-sl / raw DDP loop, 2 gloo workers):")
-    for updates, (step, wall) in results.items():
-        print(f"  {updates:>5} updates: per-update {step:.3f}x, whole process {wall:.3f}x")
+    for updates, (step, wall, base) in results.items():
+        extra = f"; per-update against the baseline {base:.3f}x" if base is not None else ""
+        print(f"  {updates:>5} updates: per-update {step:.3f}x, whole process {wall:.3f}x"
+              f"{extra}")
 
 
 if __name__ == "__main__":

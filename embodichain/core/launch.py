@@ -67,40 +67,54 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
                 if dist_utils.is_rank_zero():
                     log.info("%s", outcome["complete"])
                 return {}
-            directory = Path(config.trainer.output_dir)
-            metrics = None
-            if dist_utils.is_rank_zero():
-                continued = trainer.step if start.kind != "fresh" else None
-                metrics = LoggingMetricsWriter(directory, config.trainer.loggers, continued)
-            trainer.attach(RunContext(directory, outcome["identity"], metrics))
-            if dist_utils.is_rank_zero():
-                for note in outcome["notes"]:
-                    log.info("%s", note)
-                log.info("run %s: %s in %s (world size %d, device %s)",
-                         outcome["identity"]["run_id"][:12],
-                         f"resuming at update {trainer.step}" if start.kind != "fresh"
-                         else "training", directory, dist_utils.world_size(), device)
-            start_step, started = trainer.step, time.perf_counter()
-            status: Status = "failed"
-            try:
-                final = trainer.fit(show_progress=show_progress, stop=stop)
-                status = "finished"
-                return final
-            except (Stopped, KeyboardInterrupt):
-                status = "stopped"
-                raise
-            finally:
-                # Whatever the end, rank 0 says what exists and how to continue (R-UX-2);
-                # the error itself is printed after this by the CLI. A closed stdout must
-                # not turn a finished run into a failure.
-                if dist_utils.is_rank_zero():
-                    with contextlib.suppress(OSError):
-                        print_run_summary(directory, status=status, start_step=start_step,
-                                          end_step=trainer.step,
-                                          wall_s=time.perf_counter() - started)
+            _attach_run(trainer, recipe, outcome, device)
+            return _fit_and_summarize(trainer, stop, show_progress)
         finally:
             trainer.close()
             lock.release()
+
+
+def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, Any],
+                device: torch.device) -> None:
+    """Give the trainer its run directory, identity and (rank 0) metrics writer."""
+    config = recipe.config
+    directory = Path(config.trainer.output_dir)
+    continued = outcome["continued"]
+    metrics = None
+    if dist_utils.is_rank_zero():
+        metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
+                                       trainer.step if continued else None)
+    trainer.attach(RunContext(directory, outcome["identity"], metrics))
+    if dist_utils.is_rank_zero():
+        for note in outcome["notes"]:
+            log.info("%s", note)
+        log.info("run %s: %s in %s (world size %d, device %s)",
+                 outcome["identity"]["run_id"][:12],
+                 f"resuming at update {trainer.step}" if continued else "training",
+                 directory, dist_utils.world_size(), device)
+
+
+def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progress: bool
+                       ) -> dict[str, float]:
+    """Fit; whatever the end, rank 0 then says what exists and how to continue (R-UX-2).
+
+    The error itself is printed after the summary, by the CLI. A closed stdout must not
+    turn a finished run into a failure.
+    """
+    start_step, started = trainer.step, time.perf_counter()
+    status: Status = "failed"
+    try:
+        final = trainer.fit(show_progress=show_progress, stop=stop)
+        status = "finished"
+        return final
+    except (Stopped, KeyboardInterrupt):
+        status = "stopped"
+        raise
+    finally:
+        if dist_utils.is_rank_zero():
+            with contextlib.suppress(OSError):
+                print_run_summary(trainer.run_directory, status=status, start_step=start_step,
+                                  end_step=trainer.step, wall_s=time.perf_counter() - started)
 
 
 def _seed_everything(seed: int) -> None:
@@ -174,7 +188,8 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
     except Exception as exc:  # the other ranks wait for an outcome: they must hear of it
         return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
     return ({"identity": prepared.identity, "notes": list(prepared.notes),
-             "restore": prepared.payload is not None}, prepared.payload)
+             "continued": prepared.continued, "restore": prepared.payload is not None},
+            prepared.payload)
 
 
 def _check_peers(peers: list[dict[str, Any]], directory: Path) -> None:

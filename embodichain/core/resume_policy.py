@@ -78,12 +78,11 @@ class Start:
 
 @dataclass
 class Prepared:
-    """What rank 0 decided: the run's identity and the payload to restore (None: from 0),
-    or `complete`, a message saying the run already finished and nothing was done."""
+    """What rank 0 decided: the run's identity and the payload to restore (None: from 0)."""
 
     identity: dict[str, Any]
     payload: dict[str, Any] | None = None
-    complete: str | None = None
+    continued: bool = False  # resumed (from a snapshot, or an earlier run restarted at 0)
     notes: tuple[str, ...] = ()
 
 
@@ -282,7 +281,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
     prepared = _fresh(identity, directory, lock)
-    return Prepared(prepared.identity, data["payload"])
+    return Prepared(prepared.identity, data["payload"], continued=True)
 
 
 def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict[str, Any],
@@ -380,7 +379,7 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                  "created_at": run_json.get("created_at"),
                  "resumed_from": run_json.get("resumed_from")}
     payload = snapshot.data["payload"] if snapshot is not None else None
-    return Prepared(continued, payload, notes=tuple(notes))
+    return Prepared(continued, payload, continued=True, notes=tuple(notes))
 
 
 # ----------------------------------------------------------------------------------------
