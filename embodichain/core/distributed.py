@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import os
+import pickle
 import signal
 import socket
 import time
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from embodichain.core.errors import UsageError
+from embodichain.core.source import tensor_bytes
 
 
 def is_distributed() -> bool:
@@ -74,7 +76,7 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
     resolved = resolve_device(device)
     owns_group = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
-        store, group_rank, size = _attempt_store()
+        store, group_rank, size = _attempt_store(consume=True)
         if resolved.type == "cuda":
             torch.cuda.set_device(resolved)
             dist.init_process_group("nccl", device_id=resolved, store=store, rank=group_rank,
@@ -95,7 +97,7 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
             dist.destroy_process_group()
 
 
-def _attempt_store() -> tuple[dist.Store, int, int]:
+def _attempt_store(consume: bool = False) -> tuple[dist.Store, int, int]:
     """torchrun's store (env://), with keys private to this restart attempt.
 
     Under `--max-restarts`, the workers of a restart can find the agent store still holding
@@ -103,11 +105,14 @@ def _attempt_store() -> tuple[dist.Store, int, int]:
     a prefix per attempt keeps every attempt's rendezvous its own.
     """
     global _STORE
-    if _STORE is None:  # one client per process: also used before the group exists
+    if _STORE is None:  # the exchange before the group and the group share one client
         store, group_rank, size = next(dist.rendezvous("env://"))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         _STORE = dist.PrefixStore(f"embodichain/attempt_{attempt}", store), group_rank, size
-    return _STORE
+    found = _STORE
+    if consume:  # a later group (another distributed_run) makes a rendezvous of its own
+        _STORE = None
+    return found
 
 
 _STORE: tuple[dist.Store, int, int] | None = None
@@ -141,13 +146,41 @@ def from_rank_zero_before_group(key: str, produce: Callable[[], Any]) -> Any:
     return answer["value"]
 
 
+# Object collectives of our own: torch's (broadcast_object_list, gather_object, ...) turn
+# bytes back into objects with Tensor.numpy(), and NumPy is not a dependency. Objects travel
+# as pickled uint8 tensors, on the device the backend needs (CUDA for NCCL).
+
+
+def _object_device() -> torch.device:
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _encode(value: Any, device: torch.device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8).to(device)
+
+
+def _decode(data: torch.Tensor, size: int) -> Any:
+    return pickle.loads(tensor_bytes(data[:size]))
+
+
+def _sizes(sizes: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(sizes, dtype=torch.long, device=device)
+
+
 def broadcast_from_rank_zero(value: Any) -> Any:
     """Rank 0's `value` on every rank (a no-op in one process)."""
     if not is_distributed():
         return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    device = _object_device()
+    data = _encode(value, device) if is_rank_zero() else None
+    size = _sizes([data.numel() if data is not None else 0], device)
+    dist.broadcast(size, src=0)
+    if data is None:
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return value if is_rank_zero() else _decode(data, int(size.item()))
 
 
 def scatter_from_rank_zero(values: list[Any] | None) -> Any:
@@ -155,18 +188,34 @@ def scatter_from_rank_zero(values: list[Any] | None) -> Any:
     if not is_distributed():
         assert values is not None
         return values[0]
-    out: list[Any] = [None]
-    dist.scatter_object_list(out, values if is_rank_zero() else None, src=0)
-    return out[0]
+    device = _object_device()
+    parts = [_encode(v, device) for v in values] if is_rank_zero() and values else None
+    sizes = _sizes([p.numel() for p in parts] if parts else [0] * world_size(), device)
+    dist.broadcast(sizes, src=0)
+    longest = int(sizes.max().item())
+    mine = torch.empty(longest, dtype=torch.uint8, device=device)
+    padded = ([torch.nn.functional.pad(p, (0, longest - p.numel())) for p in parts]
+              if parts else None)
+    dist.scatter(mine, padded, src=0)
+    return _decode(mine, int(sizes[rank()].item()))
 
 
 def gather_to_rank_zero(value: Any) -> list[Any] | None:
     """Every rank's `value`, in rank order, on rank 0; None elsewhere."""
     if not is_distributed():
         return [value]
-    out: list[Any] | None = [None] * world_size() if is_rank_zero() else None
-    dist.gather_object(value, out, dst=0)
-    return out
+    device = _object_device()
+    data = _encode(value, device)
+    sizes = [_sizes([0], device) for _ in range(world_size())]
+    dist.all_gather(sizes, _sizes([data.numel()], device))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.nn.functional.pad(data, (0, longest - data.numel()))
+    out = ([torch.empty(longest, dtype=torch.uint8, device=device) for _ in sizes]
+           if is_rank_zero() else None)
+    dist.gather(padded, out, dst=0)
+    if out is None:
+        return None
+    return [_decode(t, int(s.item())) for t, s in zip(out, sizes, strict=True)]
 
 
 def barrier() -> None:

@@ -165,19 +165,19 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
                           lock: RunLock, peers: list[dict[str, Any]]
                           ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The outcome every rank hears, and the snapshot payload to restore (or None)."""
-    identity = {
-        "run_id": new_run_id(),
-        "created_at": now_iso(),
-        "factory": recipe.config.factory,
-        "config_sha256": config_sha256(recipe.resolved),
-        "source_identity": trainer.source.identity,
-        "world_size": dist_utils.world_size(),
-        "versions": versions(recipe),
-        "config": recipe.resolved,
-        "resumed_from": None,
-    }
     directory = Path(recipe.config.trainer.output_dir)
-    try:
+    try:  # whatever fails here, the other ranks wait for an outcome: they must hear of it
+        identity = {
+            "run_id": new_run_id(),
+            "created_at": now_iso(),
+            "factory": recipe.config.factory,
+            "config_sha256": config_sha256(recipe.resolved),
+            "source_identity": trainer.source.identity,
+            "world_size": dist_utils.world_size(),
+            "versions": versions(recipe),
+            "config": recipe.resolved,
+            "resumed_from": None,
+        }
         _check_peers(peers, directory)
         prepared = prepare(start, identity, directory, lock, recipe.source)
         lock.publish(identity["created_at"])
@@ -185,7 +185,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
         return {"complete": str(done)}, None
     except UsageError as exc:
         return {"refused": str(exc), **dist_utils.rank_zero_origin()}, None
-    except Exception as exc:  # the other ranks wait for an outcome: they must hear of it
+    except Exception as exc:
         return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
     return ({"identity": prepared.identity, "notes": list(prepared.notes),
              "continued": prepared.continued, "restore": prepared.payload is not None},

@@ -216,6 +216,12 @@ def resume_command(directory: Path | str, world_size: int) -> str:
     return command_for(f"resume {directory}", world_size)
 
 
+def fresh_command(checkpoint: Path, directory: Path, recipe: str | None = None) -> str:
+    """The command that resumes `checkpoint` into a fresh directory beside `directory`."""
+    return (f"embodichain train-sl --config {recipe or 'RECIPE.yaml'} --resume {checkpoint} "
+            f"--set trainer.output_dir={directory}_resumed")
+
+
 # ----------------------------------------------------------------------------------------
 # Deciding on rank 0
 
@@ -289,11 +295,11 @@ def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict
     """R-RESUME-4: `--resume CKPT` into its own directory never rolls anything back."""
     step = snapshot.step
     config_path = (recipe_source if recipe_source and Path(recipe_source).is_file()
-                   else "RECIPE.yaml")
+                   else None)
     ways = (f"To continue this run from its newest snapshot, rolling back what came after "
             f"it: {resume_command(directory, identity['world_size'])}. To keep this directory "
-            f"as it is, resume into a fresh one: embodichain train-sl --config {config_path} "
-            f"--resume {snapshot.path} --set trainer.output_dir={directory}_resumed")
+            f"as it is, resume into a fresh one: "
+            f"{fresh_command(snapshot.path, directory, config_path)}")
     run_id = snapshot.run.get("run_id")
     if run_id is None:
         raise RefusedError(f"{snapshot.path} carries no run identity, so it cannot continue "
@@ -330,7 +336,9 @@ def _in_place(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
         if snapshot.run.get("run_id") != run_json.get("run_id"):
             raise RefusedError(
                 f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
-                f"holds run {run_json.get('run_id')}; nothing was changed")
+                f"holds run {run_json.get('run_id')}, so it cannot continue there; nothing "
+                "was changed. To continue that snapshot elsewhere: "
+                + fresh_command(snapshot.path, directory))
         check_rank_entries(snapshot.data, snapshot.path)
         if snapshot.step >= max_updates:
             raise RunComplete(

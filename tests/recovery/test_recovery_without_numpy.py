@@ -2,14 +2,15 @@
 
 The suite's own environment has NumPy (the dev extra installs it, so the checkpointed NumPy
 RNG path is tested elsewhere); here a shim on PYTHONPATH makes `import numpy` fail in the
-workers, as on a machine where it was never installed.
+workers, as on a machine where it was never installed. Two torchrun workers, so that the
+object collectives (torch's own need NumPy) are covered too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, worker_env, write_recipe
+from conftest import assert_ok, run_torchrun, worker_env, write_recipe
 from recovery_helpers import assert_training_state_equal, metrics, without_time
 
 from embodichain.core.checkpoint import read_checkpoint
@@ -28,14 +29,16 @@ def test_exact_resume_without_numpy(tmp_path: Path) -> None:
     env = _no_numpy_env(tmp_path)
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "full", **{
         "trainer.max_updates": 40, "trainer.save_every": 20, "trainer.validate_every": 20})
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress", env=env))
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", env=env))
     full = tmp_path / "full"
-    saved = read_checkpoint(full / "step_20.pt")["payload"]["ranks"][0]["rng"]
-    assert saved["numpy"] is None and saved["python"] is not None
+    for rank in (0, 1):
+        saved = read_checkpoint(full / "step_20.pt")["payload"]["ranks"][rank]["rng"]
+        assert saved["numpy"] is None and saved["python"] is not None
 
     resumed = tmp_path / "resumed"
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--resume", str(full / "step_20.pt"),
-                      "--set", f"trainer.output_dir={resumed}", "--no-progress", env=env))
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume",
+                           str(full / "step_20.pt"), "--set", f"trainer.output_dir={resumed}",
+                           "--no-progress", env=env))
     assert assert_training_state_equal(full / "last.pt", resumed / "last.pt") > 0
     after = [r for r in without_time(metrics(full)) if r["step"] > 20]
     assert without_time(metrics(resumed)) == after
