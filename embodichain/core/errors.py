@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class EmbodichainError(Exception):
     """Base class: a message meant for the user, printed as one paragraph without a traceback."""
@@ -59,3 +62,9 @@ class Stopped(EmbodichainError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`"did you mean 'X'? "` for the closest of `choices`, or "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'? " if close else ""

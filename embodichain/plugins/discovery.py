@@ -12,7 +12,6 @@ factory as before.
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import importlib_metadata
+
+from embodichain.core.errors import did_you_mean
 
 ENTRY_POINT_GROUP = "embodichain.sl_factories"
 SCHEMA_GROUP = "embodichain.sl_schemas"
@@ -141,8 +142,7 @@ def resolve_factory(reference: str, import_factory: bool = True) -> Callable[...
     matches = [info for info in registered if info.name == reference]
     if not matches:
         names = sorted({info.name for info in registered})
-        close = difflib.get_close_matches(reference, names, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'? " if close else ""
+        hint = did_you_mean(reference, names)
         raise FactoryError(
             f"no factory named '{reference}' in entry-point group '{ENTRY_POINT_GROUP}' "
             f"({hint}registered: {', '.join(names) or 'none'}); use a registered name or "

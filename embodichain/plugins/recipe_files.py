@@ -8,7 +8,6 @@ nothing heavy, so finding and copying a recipe never imports torch or the factor
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import importlib_metadata
 
-from embodichain.core.errors import RefusedError, UsageError
+from embodichain.core.errors import RefusedError, UsageError, did_you_mean
 
 RECIPE_GROUP = "embodichain.sl_recipes"
 
@@ -49,8 +48,7 @@ def recipe_text(name: str) -> str:
     matches = [info for info in infos if info.name == name]
     if not matches:
         names = sorted({info.name for info in infos})
-        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'? " if close else ""
+        hint = did_you_mean(name, names)
         raise UsageError(f"no packaged recipe named '{name}' ({hint}available: "
                          f"{', '.join(names) or 'none'}; entry-point group {RECIPE_GROUP})")
     info = matches[0]
