@@ -11,6 +11,14 @@ from rich.console import Console
 
 from embodichain.core.progress import ProgressLine, ProgressReporter, clock
 
+
+@pytest.fixture(autouse=True)
+def capable_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """rich ignores a console's width under TERM=dumb (as CI shells may set): these tests
+    are about a real terminal's layout."""
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+
 STEPS = [(1, 3.2, None), (10, 0.51234, None), (50, 0.0001234567, 2.1), (150, 12345.678, 0.52),
          (200, 0.29, 0.2934)]
 

@@ -364,17 +364,19 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
         aside = [_set_aside(path) for path in snapshot.damaged]
         events.append({"event": "damaged_snapshots_set_aside", "at": now_iso(),
                        "files": [p.name for p in aside]})
+    torn = move_torn_tail(directory)  # first: a torn line is no record to roll back
     rolled = roll_back(directory, step)
-    if rolled is not None and rolled["records"]:
+    if rolled is not None:
+        events.append(rolled)
         notes.append(f"rolled back {rolled['records']} metrics record(s) of updates "
                      f"{rolled['first_step']}..{rolled['last_step']} beyond the snapshot at "
                      f"update {step}: moved to {directory / rolled['moved_to']}")
-    if rolled is not None:
-        events.append(rolled)
     resumed = {"event": "resumed", "at": now_iso(), "step": step,
                "checkpoint": snapshot.path.name if snapshot is not None else None,
                "world_size": identity["world_size"],
                "config_sha256": identity["config_sha256"]}
+    if torn is not None:
+        resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:
         resumed["note"] = snapshot.note
     events.append(resumed)
@@ -395,12 +397,11 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
 
 
 def roll_back(directory: Path, step: int) -> dict[str, Any] | None:
-    """Move metrics records beyond `step` (and a torn last line) out of metrics.jsonl.
+    """Move metrics records beyond `step` out of metrics.jsonl (R-RESUME-6).
 
     The records go to a new side file `metrics.rolled_back.K.jsonl`, never deleted; returns
     the run.json event describing it, or None when nothing was beyond `step`.
     """
-    torn = move_torn_tail(directory)
     path = directory / METRICS
     if not path.exists():
         return None
@@ -416,9 +417,7 @@ def roll_back(directory: Path, step: int) -> dict[str, Any] | None:
         else:
             keep.append(line)
     if not moved:
-        return None if torn is None else {
-            "event": "rolled_back", "at": now_iso(), "step": step, "records": 0,
-            "torn_metrics_line_moved_to": TORN_METRICS}
+        return None
     k = 1
     while (directory / f"metrics.rolled_back.{k}.jsonl").exists():
         k += 1
@@ -427,11 +426,8 @@ def roll_back(directory: Path, step: int) -> dict[str, Any] | None:
     tmp = directory / f".{METRICS}.{os.getpid()}.tmp"
     _write_durably(tmp, b"".join(keep))
     os.replace(tmp, path)
-    event = {"event": "rolled_back", "at": now_iso(), "step": step, "records": len(moved),
-             "first_step": min(steps), "last_step": max(steps), "moved_to": side.name}
-    if torn is not None:
-        event["torn_metrics_line_moved_to"] = TORN_METRICS
-    return event
+    return {"event": "rolled_back", "at": now_iso(), "step": step, "records": len(moved),
+            "first_step": min(steps), "last_step": max(steps), "moved_to": side.name}
 
 
 def _set_aside(path: Path) -> Path:
