@@ -199,5 +199,7 @@ class Learner:
             self.scaler.load_state_dict(state["grad_scaler"])
 
     def release(self) -> None:
-        """Drop the DDP wrapper so that it is freed before the process group is destroyed."""
+        """Drop the DDP wrapper and our reference to the group, so that both are freed
+        before the process group is destroyed (torch can abort at exit otherwise)."""
         self.wrapped = self.model
+        self._reduce = _ReduceState(None)
