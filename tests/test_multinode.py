@@ -109,34 +109,35 @@ def test_two_nodes_train_exactly_like_one_node(rdzv: str, reference: Path, tmp_p
     _assert_equal_runs(holder[0] / RUN, reference)
 
 
-def test_resume_ckpt_into_a_fresh_directory_on_two_nodes(reference: Path, tmp_path: Path
-                                                         ) -> None:
+def test_after_a_sigkill_of_node_1s_worker_resume_ckpt_and_resume_run_dir_continue_exactly(
+        reference: Path, tmp_path: Path) -> None:
+    """Without restarts the job dies; both ways to continue work, on both nodes, although
+    only node 0 holds the run directory and its checkpoints."""
     cwds = _nodes(tmp_path)
-    shutil.copytree(reference, cwds[0] / RUN)  # only node 0 has the checkpoint
+    kills = [{"id": "node1", "rank": 1, "update": 135}]
+    env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_KILLS=json.dumps(kills),
+                     EMBODICHAIN_TEST_KILL_LOG=str(tmp_path / "kills.log"))
+    crashed = _two_nodes(cwds, "train-sl", "--config", "r.yaml", env=env)
+    assert all(proc.returncode != 0 for proc in crashed)
+    run = cwds[0] / RUN
+    assert _records(run)[-1]["step"] == 130  # beyond the snapshot at 120: to roll back
+
+    # 1. Into a fresh directory: only node 0 has the checkpoint.
     for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume",
                            f"{RUN}/step_120.pt", "--set", "trainer.output_dir=outputs/resumed"):
         assert_ok(proc)
-    _assert_clean(cwds[1])
     resumed = cwds[0] / "outputs" / "resumed"
     for name in ("step_200.pt", "last.pt"):
         assert assert_training_state_equal(reference / name, resumed / name) >= 18
     assert _records(resumed) == [r for r in _records(reference) if r["step"] > 120]
 
-
-def test_resume_run_dir_on_two_nodes_rolls_back_and_continues(reference: Path,
-                                                              tmp_path: Path) -> None:
-    cwds = _nodes(tmp_path)
-    run = cwds[0] / RUN
-    shutil.copytree(reference, run)
-    for n in (240, 280, 300):
-        (run / f"step_{n}.pt").unlink(missing_ok=True)
-    shutil.copyfile(run / "step_200.pt", run / "last.pt")  # as if it died at update ~290
+    # 2. In place: node 1 has no run directory at all.
     for proc in _two_nodes(cwds, "resume", RUN):
         assert_ok(proc)
     _assert_clean(cwds[1])
     _assert_equal_runs(run, reference)
     events = json.loads((run / "run.json").read_text())["events"]
-    assert [e["step"] for e in events if e["event"] == "rolled_back"] == [200]
+    assert [(e["event"], e["step"]) for e in events] == [("rolled_back", 120), ("resumed", 120)]
 
 
 def test_resume_auto_survives_a_sigkill_of_node_1s_worker(reference: Path, tmp_path: Path
