@@ -240,28 +240,27 @@ def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) ->
     ranks leave only after rank 0 has ended, so that rank 0 is never stopped before it has
     printed the reason. Only ranks on rank 0's host can see its process; others go at once.
     """
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    except ValueError:  # not the main thread: cannot change signal handling
-        pass
+    _ignore_sigterm()
     barrier()
-    if is_rank_zero() or origin.get("host") != socket.gethostname():
+    if not is_rank_zero():
+        _wait_for_exit(origin, timeout)
+
+
+def _ignore_sigterm() -> None:
+    with contextlib.suppress(ValueError):  # not the main thread: cannot change it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _wait_for_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """Ignore torchrun's SIGTERM from now on, and let rank 0 (if on this host: others cannot
+    see its process) exit first, so that it prints the reason and every rank ends with the
+    run's own code."""
+    _ignore_sigterm()
+    if origin.get("host") != socket.gethostname():
         return
     pid = origin.get("pid")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and isinstance(pid, int) and _process_alive(pid):
-        time.sleep(0.02)
-
-
-def _wait_for_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
-    """Before any group exists: ignore torchrun's SIGTERM and let rank 0 (if on this host)
-    exit first, so that it prints the reason and every rank ends with the run's own code."""
-    with contextlib.suppress(ValueError):  # not the main thread
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if origin.get("host") != socket.gethostname():
-        return
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _process_alive(int(origin.get("pid", 0))):
         time.sleep(0.02)
 
 
