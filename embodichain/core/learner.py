@@ -125,13 +125,12 @@ class Learner:
             ddp.register_comm_hook(self._reduce, _weighted_allreduce_hook)
             self.wrapped = ddp
         self.metric_names: list[str] | None = None
-        self._stop_flags = {flag: torch.tensor(float(flag), device=device)
-                            for flag in (False, True)}
+        self._stop_flags = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
 
-    def update(self, objective: Objective, batch: dict[str, torch.Tensor], stop: bool = False
+    def update(self, objective: Objective, batch: dict[str, torch.Tensor], stop: float = 0.0
                ) -> dict[str, float]:
-        """One optimizer update; returns global `weight`, `skipped`, `stop` (1.0 when any rank
-        passed `stop=True`), and `loss` and metrics (weighted means over all ranks; absent
+        """One optimizer update; returns global `weight`, `skipped`, `stop` (the sum of every
+        rank's `stop` flag), and `loss` and metrics (weighted means over all ranks; absent
         when the global weight is 0)."""
         with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
                             enabled=self.precision != "fp32"):
@@ -159,21 +158,22 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return {**self._summary(totals, skipped), **({"nonfinite": 1.0} if nonfinite else {})}
 
-    def _local_statistics(self, result: LossResult, stop: bool) -> torch.Tensor:
+    def _local_statistics(self, result: LossResult, stop: float) -> torch.Tensor:
         names = sorted(result.metrics)
         if self.metric_names is None:
             self.metric_names = names
         weight = torch.as_tensor(result.weight, dtype=torch.float32, device=self.device)
         values = [weight, result.loss.detach().float() * weight]
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
-        values.append(self._stop_flags[stop])
+        values.append(self._stop_flags[stop] if stop in self._stop_flags
+                      else torch.tensor(stop, device=self.device))
         return torch.stack([v.reshape(()) for v in values])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
         """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
         is 0)."""
         weight, stop = totals[0], totals[-1]
-        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop > 0)}
+        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop)}
         if weight:
             summary["loss"] = totals[1] / weight
             for name, value in zip(self.metric_names or [], totals[2:-1], strict=True):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ from embodichain.core.run_dir import (
     update_run_json,
 )
 from embodichain.core.run_lock import RunLock, refuse_if_locked
-from embodichain.core.summary import command_for
+from embodichain.core.summary import checkpoint_step, command_for
 
 StartKind = Literal["fresh", "checkpoint", "in_place", "auto"]
 
@@ -56,6 +56,7 @@ class Snapshot:
     data: dict[str, Any]
     note: str | None = None
     damaged: tuple[Path, ...] = ()
+    files: tuple[tuple[str, int, int], ...] = ()  # the snapshot files when it was chosen
 
     @property
     def step(self) -> int:
@@ -105,6 +106,7 @@ def newest_snapshot(directory: Path) -> Snapshot | None:
     problems: list[str] = []
     damaged: list[Path] = []
     best: Snapshot | None = None
+    files = snapshot_files(directory)
     if (directory / LAST).exists():
         try:
             best = Snapshot(directory / LAST, read_checkpoint(directory / LAST))
@@ -129,10 +131,23 @@ def newest_snapshot(directory: Path) -> Snapshot | None:
                                + ". Nothing was changed.")
         return None
     if not problems:
-        return best
+        return replace(best, files=files)
     note = "; ".join(problems) + f"; continuing from {best.path.name} (update {best.step}), " \
         "the newest snapshot that verifies"
-    return Snapshot(best.path, best.data, note, tuple(damaged))
+    return Snapshot(best.path, best.data, note, tuple(damaged), files)
+
+
+def snapshot_files(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of last.pt and every step file: what changes when
+    anyone saves in the directory."""
+    found = []
+    for path in [directory / LAST, *(p for _, p in step_files(directory))]:
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        found.append((path.name, info.st_size, info.st_mtime_ns))
+    return tuple(sorted(found))
 
 
 @dataclass(frozen=True)
@@ -241,20 +256,14 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
         assert start.checkpoint is not None
         return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source)
     if start.kind == "in_place":
-        refuse_if_locked(directory)
-        return _in_place(start.snapshot, identity, directory, lock, max_updates)
+        return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot)
     # auto
     run_json = read_run_json(directory) if directory.is_dir() else None
     if run_json is None:
         if artifacts_in(directory):
             require_fresh(directory)  # refuses, naming what is there
         return _fresh(identity, directory, lock)
-    refuse_if_locked(directory)
-    snapshot = newest_snapshot(directory)
-    section = snapshot.run if snapshot is not None else {**(run_json or {}), "step": 0}
-    _refuse_differences(f"the run in {directory}" if snapshot is None else str(snapshot.path),
-                        resume_problems(section, resolved, identity))
-    return _in_place(snapshot, identity, directory, lock, max_updates)
+    return _in_place(identity, directory, lock, max_updates)
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
@@ -282,6 +291,8 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
         lock.acquire()
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
+        _refuse_if_complete(snapshot, directory,
+                            int(identity["config"]["trainer"]["max_updates"]))
         return _continue(snapshot, identity, directory)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
@@ -316,6 +327,9 @@ def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict
             f"beyond the checkpoint's update {step}; continuing from it here would mix two "
             f"histories. {ways}")
     later = [path.name for n, path in step_files(directory) if n > step]
+    last_step = checkpoint_step(directory / LAST) if (directory / LAST).exists() else None
+    if not later and last_step is not None and last_step > step:  # e.g. a stop's snapshot
+        later = [f"{LAST} (update {last_step})"]
     if later:
         raise RefusedError(
             f"{directory} already holds checkpoints beyond update {step} "
@@ -323,30 +337,45 @@ def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict
             f"here would replace them. {ways}")
 
 
-def _in_place(snapshot: Snapshot | None, identity: dict[str, Any], directory: Path,
-              lock: RunLock, max_updates: int) -> Prepared:
-    """Continue the run in `directory` from `snapshot`, rolling back what came after it."""
+def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
+              chosen: Snapshot | None = None) -> Prepared:
+    """Continue the run in `directory` from its newest snapshot, rolling back what came after
+    it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
+    caller already picked (`resume RUN_DIR` reads its recipe from it)."""
     if not directory.is_dir():
         raise RefusedError(f"{directory} is not a run directory (no such directory)")
+    lock.acquire()  # first: from here on no other process writes the directory
     run_json = read_run_json(directory)
     if run_json is None:
         raise RefusedError(f"{directory} holds no {RUN_JSON}, so it is not a run to continue "
                            "(start a fresh run there with train-sl)")
+    if chosen is not None and snapshot_files(directory) != chosen.files:
+        raise RefusedError(f"{directory} changed while this command started (its run was "
+                           "still saving); nothing was changed: run the command again")
+    snapshot = chosen if chosen is not None else newest_snapshot(directory)
+    if snapshot is not None and snapshot.run.get("run_id") != run_json.get("run_id"):
+        raise RefusedError(
+            f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
+            f"holds run {run_json.get('run_id')}, so it cannot continue there; nothing "
+            "was changed. To continue that snapshot elsewhere: "
+            + fresh_command(snapshot.path, directory))
+    section = snapshot.run if snapshot is not None else {**run_json, "step": 0}
+    _refuse_differences(str(snapshot.path) if snapshot is not None
+                        else f"the run in {directory}", resume_problems(section,
+                                                                        identity["config"],
+                                                                        identity))
     if snapshot is not None:
-        if snapshot.run.get("run_id") != run_json.get("run_id"):
-            raise RefusedError(
-                f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
-                f"holds run {run_json.get('run_id')}, so it cannot continue there; nothing "
-                "was changed. To continue that snapshot elsewhere: "
-                + fresh_command(snapshot.path, directory))
         check_rank_entries(snapshot.data, snapshot.path)
-        if snapshot.step >= max_updates:
-            raise RunComplete(
-                f"the run in {directory} is complete: update {snapshot.step} of "
-                f"{max_updates} is saved in {snapshot.path.name}. Nothing was changed; to "
-                f"train longer, add --set trainer.max_updates=N (N > {snapshot.step})")
-    lock.acquire()
+        _refuse_if_complete(snapshot, directory, max_updates)
     return _continue(snapshot, identity, directory, run_json)
+
+
+def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int) -> None:
+    if snapshot.step >= max_updates:
+        raise RunComplete(
+            f"the run in {directory} is complete: update {snapshot.step} of "
+            f"{max_updates} is saved in {snapshot.path.name}. Nothing was changed; to "
+            f"train longer, add --set trainer.max_updates=N (N > {snapshot.step})")
 
 
 def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Path,

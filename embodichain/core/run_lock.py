@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -46,11 +47,17 @@ class RunLock:
             f = open(self.directory / LOCK, "a+")  # noqa: SIM115 - held for the run's life
         except OSError as exc:  # e.g. under a file, or no permission: bad input, exit 2
             raise unusable_output_dir(self.directory, exc, self.directory / LOCK) from None
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            raise _in_use(self.directory, lock_holder(self.directory) or {}) from None
+        for attempt in range(20):
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = lock_holder(self.directory)
+                # None: only a reader (`runs`, a refusal check) held it for a moment.
+                if holder is not None or attempt == 19:
+                    f.close()
+                    raise _in_use(self.directory, holder or {}) from None
+                time.sleep(0.01)
         self._file = f
 
     def publish(self, started_at: str) -> None:

@@ -49,7 +49,8 @@ def launch(nproc_per_node: int, max_restarts: int, argv: Sequence[str]) -> int:
     """Run `python -m embodichain ARGV` on N local workers; returns the exit code to use.
 
     0 when every worker succeeded; otherwise torchrun's failure report is printed (its root
-    cause is the worker's own one-line message) and the code is torchrun's, 1. A signal to
+    cause is the worker's own one-line message) and the code is torchrun's, 1, except 2 when
+    every worker refused (bad input). A signal to
     this launcher is passed on to the workers, which stop with a snapshot (R-SIG-1); the
     launcher then exits 130 / 143 without a traceback.
     """
@@ -73,7 +74,9 @@ def launch(nproc_per_node: int, max_restarts: int, argv: Sequence[str]) -> int:
         elastic_launch(config, command)(*command_args)
     except ChildFailedError as exc:
         print(exc.format_msg(), file=sys.stderr)
-        return 1
+        # Every worker refused (bad input, exit 2): say so, as one process would.
+        codes = {failure.exitcode for failure in exc.failures.values()}
+        return 2 if codes == {2} else 1
     except SignalException as exc:
         return {2: 130, 15: 143}.get(int(exc.sigval), 1)
     return 0

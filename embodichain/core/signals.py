@@ -13,6 +13,17 @@ from types import FrameType
 from typing import Any
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+# What a rank adds to the update's all-reduce: the sum tells every rank whether any rank was
+# asked to stop, and whether any of them by SIGINT (exact in float32 for any world size).
+FLAGS = {signal.SIGTERM: 1.0, signal.SIGINT: 4096.0}
+
+
+def signal_of(flag_sum: float) -> int | None:
+    """The stop signal every rank reports for the all-reduced flags: SIGINT if any rank got
+    one, else SIGTERM; None when no rank was asked to stop."""
+    if flag_sum >= FLAGS[signal.SIGINT]:
+        return signal.SIGINT
+    return signal.SIGTERM if flag_sum > 0 else None
 
 
 class StopRequest:
@@ -25,6 +36,11 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+    @property
+    def flag(self) -> float:
+        """This rank's contribution to the update's all-reduce (0.0: no stop asked)."""
+        return FLAGS.get(self.signum, 1.0) if self.signum is not None else 0.0
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from embodichain.core.rank_state import (
     restore_rng,
 )
 from embodichain.core.run_dir import MetricsWriter
-from embodichain.core.signals import EXIT_CODES, StopRequest, signal_name
+from embodichain.core.signals import EXIT_CODES, StopRequest, signal_name, signal_of
 from embodichain.core.source import ReplacementSampler, Source
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
@@ -122,13 +121,13 @@ class SupervisedTrainer:
             self._warn_about_checkpoint_plan()
         progress = ProgressReporter(t.max_updates, self.step,
                                     show_progress and dist_utils.is_rank_zero(), t.log_every)
-        saved_at, stopping = None, False
+        saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         try:
             while self.step < t.max_updates and not stopping:
                 summary = self.learner.update(self.objective, self._next_batch(),
-                                              stop=stop is not None and stop.requested)
+                                              stop=stop.flag if stop is not None else 0.0)
                 self.step += 1
-                stopping = bool(summary["stop"])
+                stopping = signal_of(summary["stop"])
                 self._check_finite(summary)
                 if summary["skipped"]:
                     self._record({"train/skipped": 1})
@@ -145,20 +144,19 @@ class SupervisedTrainer:
         finally:
             progress.close()
         if stopping and self.step < t.max_updates:
-            raise self._stopped(stop)
+            raise self._stopped(stopping)
         return dict(self.last_metrics)
 
-    def _stopped(self, stop: StopRequest | None) -> Stopped:
+    def _stopped(self, signum: int) -> Stopped:
         from embodichain.core.resume_policy import resume_command
 
-        signum = stop.signum if stop is not None and stop.signum else signal.SIGTERM
-        by = signal_name(signum) if stop is not None and stop.signum else "a stop signal"
         directory = self.run_directory
         return Stopped(
-            f"stopped by {by} at update {self.step} of {self.config.trainer.max_updates}: "
-            f"saved {directory / LAST} (update {self.step}), so no work is lost. "
-            f"Continue with: {resume_command(directory, dist_utils.world_size())}",
-            EXIT_CODES.get(signum, 143))
+            f"stopped by {signal_name(signum)} at update {self.step} of "
+            f"{self.config.trainer.max_updates}: saved {directory / LAST} (update {self.step}), "
+            f"so no work is lost. Continue with: "
+            f"{resume_command(directory, dist_utils.world_size())}",
+            EXIT_CODES[signum])
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
         batch = self.source.gather(self.sampler.next_indices())

@@ -199,7 +199,7 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
     if how == "SIGINT to torchrun":  # torchrun forwards it to every worker
         assert f"stopped by SIGINT at update {stopped} of {MAX_UPDATES}" in err
     else:  # rank 0 did not get the signal itself; rank 1 told it through the all-reduce
-        assert f"stopped by a stop signal at update {stopped} of {MAX_UPDATES}" in err
+        assert f"stopped by SIGTERM at update {stopped} of {MAX_UPDATES}" in err
         assert err.count(f"exitcode  : {code}") == 2, err  # both workers, in torchrun's report
     assert "resume " + str(run) in err and "--nproc-per-node=2" in err
     assert "embodichain/core" not in err and "embodichain/cli" not in err  # no traceback of ours
@@ -257,8 +257,46 @@ def test_resume_of_a_finished_run_changes_nothing(reference: Path, tmp_path: Pat
     assert f"is complete: update {MAX_UPDATES} of {MAX_UPDATES}" in proc.stderr
     assert "trainer.max_updates" in proc.stderr  # how to extend it
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume", "auto",
-                           "--no-progress", env=_env()))
+    for start in ("auto", str(run / "last.pt")):  # also --resume CKPT into its own directory
+        proc = run_torchrun("train-sl", "--config", str(recipe), "--resume", start,
+                            "--no-progress", env=_env())
+        assert_ok(proc)
+        assert "is complete" in proc.stderr
+    assert snapshot_dir(run) == before
+
+
+def test_resume_refuses_another_world_size_or_recipe_and_changes_nothing(
+        reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    for name in ("step_280.pt", "step_240.pt"):
+        (run / name).unlink()
+    shutil.copyfile(run / "step_200.pt", run / "last.pt")  # records beyond it: to roll back
+    before = snapshot_dir(run)
+    proc = subprocess.run([sys.executable, "-m", "embodichain", "resume", str(run), "--set",
+                           "optimizer.lr=0.5", "--no-progress"], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 2, proc.stderr
+    assert "world_size: checkpoint 2, this run 1" in proc.stderr
+    assert "optimizer.lr: checkpoint 0.001, this run 0.5" in proc.stderr
+    assert snapshot_dir(run) == before
+
+
+def test_resume_ckpt_in_place_refuses_when_last_pt_is_newer(reference: Path,
+                                                            tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    for name in ("step_280.pt", "step_240.pt"):
+        (run / name).unlink()
+    kept = [line for line in (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+            if json.loads(line)["step"] <= 200]
+    (run / "metrics.jsonl").write_text("".join(kept))  # history not ahead; last.pt is at 300
+    before = snapshot_dir(run)
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--resume", str(run / "step_200.pt"),
+                        "--no-progress", env=_env())
+    assert proc.returncode == 1 and proc.stderr.count("exitcode  : 2") == 2, proc.stderr
+    assert "last.pt (update 300)" in proc.stderr
     assert snapshot_dir(run) == before
 
 
