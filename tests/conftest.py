@@ -57,6 +57,18 @@ def write_recipe(path: Path, output_dir: Path, base: Path = CPU_RECIPE, **change
     return path
 
 
+def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNULL
+                      ) -> subprocess.Popen[str]:
+    """One process training the example "forever" (10M updates) into `run`, saving every
+    500 updates, in the background: a live run for a test to look at, signal or kill."""
+    recipe = write_recipe(tmp_path / "endless.yaml", run, **{
+        "trainer.max_updates": 10_000_000, "trainer.save_every": 500,
+        "trainer.validate_every": 0, "trainer.log_every": 50})
+    return subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
+                             str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
+                            stdout=stdout, stderr=subprocess.PIPE, text=True)
+
+
 def snapshot_dir(directory: Path) -> dict[str, bytes]:
     """Every file's bytes, to assert that a refused command changed nothing."""
     return {str(p.relative_to(directory)): p.read_bytes()

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from embodichain.core.checkpoint import read_checkpoint
+from embodichain.core.run_dir import read_metrics
 
 
 def assert_state_equal(a: Any, b: Any, where: str = "") -> int:
@@ -78,3 +79,11 @@ def assert_training_state_equal(a: Path, b: Path, *, callbacks: bool = True) -> 
     """`assert_payloads_equal` for two checkpoint files (each read and digest-verified)."""
     return assert_payloads_equal(read_checkpoint(a)["payload"], read_checkpoint(b)["payload"],
                                  callbacks=callbacks)
+
+
+def comparable_records(directory: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl of a run without `time/` keys (R-RESUME-1 compares the rest); it must
+    read cleanly: no torn or bad line."""
+    log = read_metrics(directory / "metrics.jsonl")
+    assert log.torn is None and not log.bad_lines
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TIMEOUT, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal
-
-from embodichain.core.run_dir import read_metrics
+from state_compare import assert_training_state_equal, comparable_records
 
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": 300,
@@ -70,15 +68,10 @@ def _two_nodes(cwds: tuple[Path, Path], *args: str, rdzv: str = "static",
     return results
 
 
-def _records(directory: Path) -> list[dict]:
-    log = read_metrics(directory / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
-
-
 def _assert_equal_runs(run: Path, reference: Path) -> None:
     for name in ("step_200.pt", "last.pt"):
         assert assert_training_state_equal(reference / name, run / name) >= 18
-    assert _records(run) == _records(reference)
+    assert comparable_records(run) == comparable_records(reference)
 
 
 def _assert_clean(cwd: Path) -> None:
@@ -120,7 +113,7 @@ def test_after_a_sigkill_of_node_1s_worker_resume_ckpt_and_resume_run_dir_contin
     crashed = _two_nodes(cwds, "train-sl", "--config", "r.yaml", env=env)
     assert all(proc.returncode != 0 for proc in crashed)
     run = cwds[0] / RUN
-    assert _records(run)[-1]["step"] == 130  # beyond the snapshot at 120: to roll back
+    assert comparable_records(run)[-1]["step"] == 130  # beyond the snapshot at 120: to roll back
 
     # 1. Into a fresh directory: only node 0 has the checkpoint.
     for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume",
@@ -129,7 +122,8 @@ def test_after_a_sigkill_of_node_1s_worker_resume_ckpt_and_resume_run_dir_contin
     resumed = cwds[0] / "outputs" / "resumed"
     for name in ("step_200.pt", "last.pt"):
         assert assert_training_state_equal(reference / name, resumed / name) >= 18
-    assert _records(resumed) == [r for r in _records(reference) if r["step"] > 120]
+    after = [r for r in comparable_records(reference) if r["step"] > 120]
+    assert comparable_records(resumed) == after
 
     # 2. In place: node 1 has no run directory at all.
     for proc in _two_nodes(cwds, "resume", RUN):

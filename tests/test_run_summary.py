@@ -90,18 +90,12 @@ def test_a_failed_run_says_what_exists_and_how_to_continue(tmp_path: Path) -> No
 def test_a_signalled_run_says_where_it_stopped(tmp_path: Path) -> None:
     import signal
     import subprocess
-    import sys
     import time
 
-    from conftest import REPO, worker_env, write_recipe
+    from conftest import start_endless_run
 
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", run, **{
-        "trainer.max_updates": 10_000_000, "trainer.save_every": 500,
-        "trainer.validate_every": 0, "trainer.log_every": 50})
-    proc = subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
-                             str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_endless_run(tmp_path, run, stdout=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not (run / "step_500.pt").exists():
         assert proc.poll() is None and time.monotonic() < deadline

@@ -30,10 +30,6 @@ class RunLock:
         self.directory = Path(directory)
         self._file: IO[str] | None = None
 
-    @property
-    def held(self) -> bool:
-        return self._file is not None
-
     def acquire(self) -> None:
         """Take the lock or raise RefusedError naming the live holder; creates the directory.
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, assert_ok, run_cli, worker_env, write_recipe
+from conftest import assert_ok, run_cli, start_endless_run, worker_env, write_recipe
 
 from embodichain.core.run_dir import read_metrics
 from embodichain.core.run_lock import lock_holder
@@ -27,12 +25,7 @@ def test_running_stopped_and_finished(tmp_path: Path, sl_ddp_one_process: Path,
     shutil.copytree(sl_ddp_one_process, root / "done")
     shutil.copytree(sl_ddp_two_workers, root / "nested" / "done2")
     live = root / "live"
-    recipe = write_recipe(tmp_path / "r.yaml", live, **{
-        "trainer.max_updates": 10_000_000, "trainer.save_every": 500,
-        "trainer.log_every": 50, "trainer.validate_every": 0})
-    proc = subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
-                             str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_endless_run(tmp_path, live)
     try:
         deadline = time.monotonic() + 120
         while not ((live / "step_500.pt").exists() and lock_holder(live)):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, TIMEOUT, assert_ok, run_torchrun, snapshot_dir, worker_env, write_recipe
-from state_compare import assert_training_state_equal
+from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint import read_checkpoint
 from embodichain.core.run_dir import read_metrics
@@ -39,12 +39,6 @@ def _torchrun_cmd(*args: str, max_restarts: int = 0) -> list[str]:
             "-m", "embodichain", *args]
 
 
-def _records(directory: Path) -> list[dict]:
-    log = read_metrics(directory / "metrics.jsonl")
-    assert log.torn is None and not log.bad_lines
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
-
-
 def _last_step(directory: Path) -> int:
     log = read_metrics(directory / "metrics.jsonl")
     return log.last_step or 0
@@ -57,9 +51,17 @@ def _events(directory: Path) -> list[dict]:
 def _assert_equals_reference(run: Path, reference: Path) -> None:
     assert read_checkpoint(run / "last.pt")["manifest"]["step"] == MAX_UPDATES
     assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 18
-    assert _records(run) == _records(reference)
+    assert comparable_records(run) == comparable_records(reference)
     leftovers = [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
     assert not leftovers, leftovers
+
+
+def _copy_without_steps_after(reference: Path, run: Path, step: int) -> Path:
+    """A copy of the reference run whose step files beyond `step` are gone."""
+    shutil.copytree(reference, run)
+    for n in range(step + 40, MAX_UPDATES, 40):
+        (run / f"step_{n}.pt").unlink()
+    return run
 
 
 def _wait_for_step(directory: Path, step: int, proc: subprocess.Popen, timeout: float = 120
@@ -211,10 +213,7 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
 
 def test_damaged_last_pt_falls_back_to_the_newest_good_step_file(reference: Path,
                                                                  tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(reference, run)
-    for name in ("step_280.pt", "step_240.pt"):
-        (run / name).unlink()
+    run = _copy_without_steps_after(reference, tmp_path / "run", 200)
     data = (run / "last.pt").read_bytes()
     (run / "last.pt").write_bytes(data[: len(data) // 2])  # torn by a crash
     proc = run_torchrun("resume", str(run), "--no-progress", env=_env())
@@ -243,7 +242,7 @@ def test_a_live_run_is_locked_against_resume_and_a_second_start(reference: Path,
     finally:
         out, err = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0, err
-    steps = [r["step"] for r in _records(run) if "train/loss" in r]
+    steps = [r["step"] for r in comparable_records(run) if "train/loss" in r]
     assert steps == sorted(set(steps))  # no duplicate or backwards step
     _assert_equals_reference(run, reference)
 
@@ -267,10 +266,7 @@ def test_resume_of_a_finished_run_changes_nothing(reference: Path, tmp_path: Pat
 
 def test_resume_refuses_another_world_size_or_recipe_and_changes_nothing(
         reference: Path, tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(reference, run)
-    for name in ("step_280.pt", "step_240.pt"):
-        (run / name).unlink()
+    run = _copy_without_steps_after(reference, tmp_path / "run", 200)
     shutil.copyfile(run / "step_200.pt", run / "last.pt")  # records beyond it: to roll back
     before = snapshot_dir(run)
     proc = subprocess.run([sys.executable, "-m", "embodichain", "resume", str(run), "--set",
@@ -284,10 +280,7 @@ def test_resume_refuses_another_world_size_or_recipe_and_changes_nothing(
 
 def test_resume_ckpt_in_place_refuses_when_last_pt_is_newer(reference: Path,
                                                             tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    shutil.copytree(reference, run)
-    for name in ("step_280.pt", "step_240.pt"):
-        (run / name).unlink()
+    run = _copy_without_steps_after(reference, tmp_path / "run", 200)
     kept = [line for line in (run / "metrics.jsonl").read_text().splitlines(keepends=True)
             if json.loads(line)["step"] <= 200]
     (run / "metrics.jsonl").write_text("".join(kept))  # history not ahead; last.pt is at 300
