@@ -98,7 +98,7 @@ def main() -> None:
 
     if rank == 0:
         log.close()
-    del ddp  # a DDP object alive at exit can abort torch (see core/distributed.py)
+    del ddp  # a DDP object alive at exit can abort torch (see core/distributed/process_group.py)
     gc.collect()
     dist.destroy_process_group()
 

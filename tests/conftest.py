@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SCRIPTS = TESTS / "scripts"  # helper scripts that tests launch
+FACTORIES = TESTS / "factories"  # test-only recipe factories
 CPU_RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
 TIMEOUT = 300
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from embodichain.core.checkpoint import read_checkpoint
-from embodichain.core.run_dir import read_metrics
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
 
 
 def assert_state_equal(a: Any, b: Any, where: str = "") -> int:

@@ -21,7 +21,7 @@ _IMPLEMENTATION_KEYS = {"params", "foreach", "fused", "capturable", "differentia
 
 def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dict[str, Any]:
     """The report for a checkpoint that `read_checkpoint` has loaded and verified."""
-    from embodichain.core.config import config_sha256
+    from embodichain.core.recipe.schema import config_sha256
 
     manifest = data["manifest"]
     payload = data["payload"]
@@ -218,10 +218,14 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     framework sections are resolved and the factory's sections compared as written. World
     size and data identity can only be checked at launch, so they are stated as conditions.
     """
-    from embodichain.core.config import flatten_keys
     from embodichain.core.errors import ConfigError
-    from embodichain.core.launch import config_differences
-    from embodichain.core.recipe import check_recipe, read_recipe_file, resolve_framework_part
+    from embodichain.core.launch.train import config_differences
+    from embodichain.core.recipe.loading import (
+        check_recipe,
+        read_recipe_file,
+        resolve_framework_part,
+    )
+    from embodichain.core.recipe.schema import flatten_keys
 
     run = _mapping(data["payload"].get("run"))
     step = int(data["manifest"]["step"])
@@ -270,7 +274,7 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
 
 
 def _framework_keys() -> list[str]:
-    from embodichain.core.config import FrameworkConfig
+    from embodichain.core.recipe.schema import FrameworkConfig
 
     return list(FrameworkConfig.model_fields)
 
@@ -289,7 +293,7 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 def _destination_problems(current: Mapping[str, Any], checkpoint: Path,
                           run: Mapping[str, Any], step: int) -> list[str]:
     """The output-directory rules: a fresh directory, or in place under R-RESUME-4/5."""
-    from embodichain.core.run_dir import METRICS, artifacts_in, read_metrics, read_run_json
+    from embodichain.core.runs.run_dir import METRICS, artifacts_in, read_metrics, read_run_json
 
     output_dir = _mapping(current.get("trainer")).get("output_dir")
     if not isinstance(output_dir, str):

@@ -19,8 +19,8 @@ def validate_config(
     """Validate a recipe: framework and factory schema, factory, data paths. Exit 0 or 2."""
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
-        from embodichain.core.recipe import load_recipe
-        from embodichain.core.run_dir import output_dir_problem
+        from embodichain.core.recipe.loading import load_recipe
+        from embodichain.core.runs.run_dir import output_dir_problem
 
         # The factory stays unimported when its distribution registers a torch-free schema.
         recipe = load_recipe(config, overrides or [], import_factory=False)

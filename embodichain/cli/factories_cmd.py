@@ -21,12 +21,12 @@ def list_factories(
         from rich.markup import escape
         from rich.table import Table
 
-        from embodichain.plugins.discovery import (
+        from embodichain.core.recipe.discovery import (
             ENTRY_POINT_GROUP,
             check_factory,
             registered_factories,
         )
-        from embodichain.plugins.recipe_files import registered_recipes
+        from embodichain.core.recipe.packaged import registered_recipes
 
         infos = [check_factory(info) for info in registered_factories()]
         recipes = {recipe.name for recipe in registered_recipes()}

@@ -21,7 +21,7 @@ def init_recipe(
     """Write an editable copy of a packaged example recipe, with comments."""
     with reported_errors(debug):
         import embodichain
-        from embodichain.plugins.recipe_files import write_recipe_copy
+        from embodichain.core.recipe.packaged import write_recipe_copy
 
         path = shlex.quote(str(destination))
         header = (

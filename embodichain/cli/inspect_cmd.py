@@ -31,7 +31,7 @@ def inspect_checkpoint(
     """
     with reported_errors(debug):
         from embodichain.cli.checkpoint_summary import resume_check, summarize
-        from embodichain.core.checkpoint import read_checkpoint
+        from embodichain.core.checkpoint.file import read_checkpoint
         from embodichain.core.errors import UsageError
 
         if overrides and config is None:
@@ -52,7 +52,7 @@ def inspect_checkpoint(
 
 
 def _last_checkpoint(directory: Path) -> Path:
-    from embodichain.core.checkpoint import LAST, step_files
+    from embodichain.core.checkpoint.file import LAST, step_files
     from embodichain.core.errors import UsageError
 
     if (directory / LAST).is_file():

@@ -32,7 +32,7 @@ def report(
     Resume and roll-back points from run.json are marked. Needs the `plot` extra.
     """
     with reported_errors(debug):
-        from embodichain.core.report import load_runs, render_html, render_png
+        from embodichain.core.observe.report import load_runs, render_html, render_png
 
         if fmt is None:
             fmt = Format.html if out is not None and out.suffix.lower() in (".html", ".htm") \

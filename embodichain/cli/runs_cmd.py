@@ -25,7 +25,7 @@ def runs(
         from rich.table import Table
 
         from embodichain.core.errors import UsageError
-        from embodichain.core.runs import describe_run, find_runs
+        from embodichain.core.runs.table import describe_run, find_runs
 
         if not root.is_dir():
             raise UsageError(f"{root} is not a directory; name the directory that holds your "

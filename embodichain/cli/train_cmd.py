@@ -45,8 +45,8 @@ def train_sl(
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
         from embodichain.core.errors import UsageError
-        from embodichain.core.recipe import load_recipe
-        from embodichain.core.resume_policy import Start
+        from embodichain.core.recipe.loading import load_recipe
+        from embodichain.core.runs.resume_policy import Start
 
         recipe = load_recipe(config, overrides or [])
         if print_config:
@@ -58,7 +58,7 @@ def train_sl(
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
         start = (Start() if resume is None else
                  Start("auto") if resume == "auto" else Start("checkpoint", Path(resume)))
-        from embodichain.core.launch import train
+        from embodichain.core.launch.train import train
 
         train(recipe, start=start, show_progress=not no_progress)
 
@@ -68,7 +68,7 @@ def _launch_if_asked(nproc_per_node: int | None, max_restarts: int) -> None:
     import sys
 
     from embodichain.core.errors import UsageError
-    from embodichain.core.self_launch import launch, should_launch
+    from embodichain.core.launch.self_launch import launch, should_launch
 
     if should_launch(nproc_per_node):
         raise typer.Exit(launch(nproc_per_node or 1, max_restarts, sys.argv[1:]))
@@ -91,11 +91,12 @@ def resume_run(
     the continued history is exactly the uninterrupted one. A finished run is left as it is.
     """
     with reported_errors(debug):
-        from embodichain.core import distributed as dist_utils
-        from embodichain.core.launch import train
-        from embodichain.core.recipe import validate_recipe
-        from embodichain.core.resume_policy import Start, stored_recipe
-        from embodichain.core.self_launch import should_launch
+        from embodichain.core.distributed import process_group as dist_utils
+        from embodichain.core.launch.self_launch import should_launch
+        from embodichain.core.launch.train import train
+        from embodichain.core.recipe.loading import validate_recipe
+        from embodichain.core.runs.resume_policy import Start
+        from embodichain.core.runs.snapshots import stored_recipe
 
         if should_launch(nproc_per_node):
             stored_recipe(run_dir)  # a bad RUN_DIR is refused before any worker starts

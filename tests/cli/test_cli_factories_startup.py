@@ -36,7 +36,7 @@ def test_importing_the_cli_imports_neither_torch_nor_factories() -> None:
     proc = _fresh_python(
         "import sys, embodichain, embodichain.cli\n"
         "heavy = [m for m in ('torch', 'pydantic', 'yaml', 'embodichain.plugins.sl_ddp',\n"
-        "                     'embodichain_models', 'embodichain.core.config')\n"
+        "                     'embodichain_models', 'embodichain.core.recipe.schema')\n"
         "         if m in sys.modules]\n"
         "assert not heavy, heavy\n")
     assert proc.returncode == 0, proc.stderr

@@ -9,7 +9,7 @@ import yaml
 from cli_support import invoke
 from conftest import CPU_RECIPE, REPO, assert_ok, run_cli
 
-from embodichain.plugins.recipe_files import recipe_text, registered_recipes
+from embodichain.core.recipe.packaged import recipe_text, registered_recipes
 
 NERD_RECIPE = REPO / "examples" / "learning" / "nerd" / "configs" / "cartpole" / "sl.train.yaml"
 
@@ -21,7 +21,7 @@ def test_packaged_recipes_are_the_examples() -> None:
 
 
 def test_packaged_sl_ddp_resolves_like_the_example(tmp_path: Path) -> None:
-    from embodichain.core.recipe import load_recipe
+    from embodichain.core.recipe.loading import load_recipe
 
     copy = tmp_path / "r.yaml"
     copy.write_text(recipe_text("sl_ddp"))

@@ -13,10 +13,10 @@ import pytest
 from cli_support import invoke
 from conftest import CPU_RECIPE, run_cli, worker_env, write_recipe
 
-from embodichain.core import disk_plan
+from embodichain.core.checkpoint import disk_plan
 from embodichain.core.errors import RefusedError
-from embodichain.core.run_dir import claim
-from embodichain.core.run_lock import RunLock
+from embodichain.core.runs.run_dir import claim
+from embodichain.core.runs.run_lock import RunLock
 
 
 def plan(**changes: object) -> str | None:

@@ -9,9 +9,9 @@ import yaml
 from cli_support import invoke
 from conftest import CPU_RECIPE
 
-from embodichain.core.config import FrameworkConfig
 from embodichain.core.errors import ConfigError
-from embodichain.core.recipe import apply_overrides
+from embodichain.core.recipe.loading import apply_overrides
+from embodichain.core.recipe.schema import FrameworkConfig
 
 
 def print_config(*overrides: str) -> dict:

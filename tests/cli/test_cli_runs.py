@@ -9,8 +9,8 @@ from pathlib import Path
 
 from conftest import assert_ok, run_cli, start_endless_run, worker_env, write_recipe
 
-from embodichain.core.run_dir import read_metrics
-from embodichain.core.run_lock import lock_holder
+from embodichain.core.runs.run_dir import read_metrics
+from embodichain.core.runs.run_lock import lock_holder
 
 
 def runs_json(root: Path) -> dict[str, dict]:

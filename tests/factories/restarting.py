@@ -19,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-from embodichain.core import trainer as trainer_module
+from embodichain.core.training import trainer as trainer_module
 from embodichain.plugins import sl_ddp
 
 

@@ -63,7 +63,7 @@ def install(point: dict[str, Any]) -> None:
 
         Path.unlink = unlink
     elif at == "capture":
-        from embodichain.core.trainer import SupervisedTrainer
+        from embodichain.core.training.trainer import SupervisedTrainer
 
         real_capture = SupervisedTrainer._capture_committed
 

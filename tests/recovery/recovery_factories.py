@@ -127,7 +127,7 @@ def failing_prepare(config: sl_ddp.SlDdpConfig, device: torch.device) -> Supervi
     """On rank 0, publishing the run lock's holder (the last step of preparing the run
     directory) raises an unexpected error, as a bug would: not a refusal, a failure."""
     if _rank() == 0:
-        from embodichain.core.run_lock import RunLock
+        from embodichain.core.runs.run_lock import RunLock
 
         def publish(self, *args, **kwargs):
             raise RuntimeError("simulated failure while preparing")

@@ -11,8 +11,8 @@ from conftest import worker_env
 from state_compare import assert_state_equal as assert_state_equal
 from state_compare import assert_training_state_equal as assert_training_state_equal
 
-from embodichain.core.checkpoint import make_checkpoint, read_checkpoint, write_checkpoint
-from embodichain.core.run_dir import read_metrics
+from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
 
 HERE = Path(__file__).resolve().parent
 

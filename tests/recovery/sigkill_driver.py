@@ -39,8 +39,8 @@ def _preload() -> None:
     import importlib
 
     for name in ("torch", "torch._dynamo", "torch.utils.serialization", "numpy.random",
-                 "importlib_metadata", "embodichain.cli", "embodichain.core.launch",
-                 "embodichain.plugins.discovery", "embodichain.plugins.sl_ddp"):
+                 "importlib_metadata", "embodichain.cli", "embodichain.core.launch.train",
+                 "embodichain.core.recipe.discovery", "embodichain.plugins.sl_ddp"):
         importlib.import_module(name)
 
 

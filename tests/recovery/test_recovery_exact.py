@@ -18,7 +18,7 @@ from recovery_helpers import (
     without_time,
 )
 
-from embodichain.core.checkpoint import read_checkpoint
+from embodichain.core.checkpoint.file import read_checkpoint
 
 GUARD = 240  # seconds: a deadlocked collective fails the test instead of hanging CI
 

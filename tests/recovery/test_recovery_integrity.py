@@ -19,9 +19,9 @@ import torch
 from conftest import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
 from recovery_helpers import metrics, run_json
 
-from embodichain.core.checkpoint import payload_digest, read_checkpoint, step_files
+from embodichain.core.checkpoint.file import payload_digest, read_checkpoint, step_files
 from embodichain.core.errors import CheckpointCorruptError, UnsafeCheckpointError
-from embodichain.core.run_dir import read_metrics
+from embodichain.core.runs.run_dir import read_metrics
 
 FORCE_UNSAFE = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 

@@ -16,7 +16,7 @@ from conftest import assert_ok, run_torchrun, write_recipe
 from recovery_factories import DRAWS_ENV
 from recovery_helpers import assert_training_state_equal, factory_env
 
-from embodichain.core.checkpoint import read_checkpoint
+from embodichain.core.checkpoint.file import read_checkpoint
 
 GUARD = 240
 FACTORY = "recovery_factories:per_rank_draws"

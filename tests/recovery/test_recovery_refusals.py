@@ -24,8 +24,8 @@ from conftest import (
 )
 from recovery_helpers import factory_env, metrics, rewrite_checkpoint, run_json
 
-from embodichain.core.checkpoint import read_checkpoint
-from embodichain.core.source import TensorSource
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.data.source import TensorSource
 from embodichain.plugins import sl_ddp
 
 GUARD = 240

@@ -20,8 +20,8 @@ import pytest
 from conftest import REPO, TIMEOUT, assert_ok, run_torchrun, snapshot_dir, worker_env, write_recipe
 from state_compare import assert_training_state_equal, comparable_records
 
-from embodichain.core.checkpoint import read_checkpoint
-from embodichain.core.run_dir import read_metrics
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
 
 FACTORIES = REPO / "tests" / "factories"
 MAX_UPDATES = 300

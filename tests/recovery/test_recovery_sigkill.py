@@ -21,8 +21,8 @@ import pytest
 from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
 from recovery_helpers import HERE, assert_state_equal, assert_training_state_equal, factory_env
 
-from embodichain.core.checkpoint import read_checkpoint, step_files
-from embodichain.core.run_dir import read_metrics
+from embodichain.core.checkpoint.file import read_checkpoint, step_files
+from embodichain.core.runs.run_dir import read_metrics
 
 FRESH_KILLS, CHAIN_KILLS, SEED = 16, 8, 20240601
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embodichain.core.config import OptimizerConfig
+from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.learning.sl import Learner, LossResult, distributed_run
 
 ROWS = (range(0, 6), range(6, 12))

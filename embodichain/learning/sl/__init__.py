@@ -17,39 +17,39 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from embodichain.core.callbacks import SaveBest, ValidationCallback
-    from embodichain.core.checkpoint import read_checkpoint, write_checkpoint
-    from embodichain.core.config import (
+    from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
+    from embodichain.core.data.source import (
+        ReplacementSampler,
+        Source,
+        TensorSource,
+        tensor_digest,
+    )
+    from embodichain.core.distributed.process_group import distributed_run
+    from embodichain.core.errors import ConfigError, UsageError
+    from embodichain.core.recipe.schema import (
         FrameworkConfig,
         OptimizerConfig,
         SchedulerConfig,
         Section,
         TrainerConfig,
     )
-    from embodichain.core.distributed import distributed_run
-    from embodichain.core.errors import ConfigError, UsageError
-    from embodichain.core.learner import Learner
-    from embodichain.core.objective import LossResult, Objective
-    from embodichain.core.source import (
-        ReplacementSampler,
-        Source,
-        TensorSource,
-        tensor_digest,
-    )
-    from embodichain.core.trainer import Evaluate, RunContext, SupervisedTrainer
+    from embodichain.core.training.callbacks import SaveBest, ValidationCallback
+    from embodichain.core.training.learner import Learner
+    from embodichain.core.training.objective import LossResult, Objective
+    from embodichain.core.training.trainer import Evaluate, RunContext, SupervisedTrainer
 
 _HOMES = {
-    "embodichain.core.callbacks": ("SaveBest", "ValidationCallback"),
-    "embodichain.core.checkpoint": ("read_checkpoint", "write_checkpoint"),
-    "embodichain.core.config": ("FrameworkConfig", "OptimizerConfig", "SchedulerConfig",
+    "embodichain.core.training.callbacks": ("SaveBest", "ValidationCallback"),
+    "embodichain.core.checkpoint.file": ("read_checkpoint", "write_checkpoint"),
+    "embodichain.core.recipe.schema": ("FrameworkConfig", "OptimizerConfig", "SchedulerConfig",
                                 "Section", "TrainerConfig"),
-    "embodichain.core.distributed": ("distributed_run",),
+    "embodichain.core.distributed.process_group": ("distributed_run",),
     "embodichain.core.errors": ("ConfigError", "UsageError"),
-    "embodichain.core.learner": ("Learner",),
-    "embodichain.core.objective": ("LossResult", "Objective"),
-    "embodichain.core.source": ("ReplacementSampler", "Source", "TensorSource",
+    "embodichain.core.training.learner": ("Learner",),
+    "embodichain.core.training.objective": ("LossResult", "Objective"),
+    "embodichain.core.data.source": ("ReplacementSampler", "Source", "TensorSource",
                                 "tensor_digest"),
-    "embodichain.core.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
+    "embodichain.core.training.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -1,0 +1,275 @@
+"""Checkpoint files: self-verifying, atomically written, safely loaded (R-CKPT-1..4, 7).
+
+A checkpoint is a plain `torch.save` dict, so `torch.load(path, weights_only=True)` opens
+it in a notebook:
+
+    {"manifest": {format, format_version, step, run_id, world_size, config_sha256,
+                  payload_sha256},
+     "payload":  {"run": {...identity, config...}, "learner": {...}, "ranks": {0: ..., 1: ...},
+                  "callbacks": {...}}}
+
+The payload holds only tensors and plain Python values, so no allow-list is ever needed,
+and its digest (every tensor's dtype, shape and bytes plus all other content) is recomputed
+on every load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import re
+import secrets
+import struct
+import zipfile
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embodichain.core.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    UnsafeCheckpointError,
+)
+from embodichain.core.tensor_bytes import tensor_bytes
+
+FORMAT = "embodichain.checkpoint"
+FORMAT_VERSION = 1
+LAST = "last.pt"
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def step_filename(step: int) -> str:
+    return f"step_{step}.pt"
+
+
+def step_files(directory: Path) -> list[tuple[int, Path]]:
+    """`step_N.pt` files ordered by N (never by name or time: step_20 < step_100)."""
+    found = []
+    for path in directory.glob("step_*.pt"):
+        match = _STEP_FILE.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------------------
+# Digest
+
+
+def payload_digest(payload: Any) -> str:
+    h = hashlib.sha256()
+    _feed(h, payload)
+    return h.hexdigest()
+
+
+def _feed(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
+        h.update(tensor_bytes(t))
+    elif type(value) in (dict, OrderedDict):  # state_dicts are OrderedDicts
+        h.update(f"D{len(value)};".encode())
+        for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
+            _feed(h, key)
+            _feed(h, value[key])
+    elif type(value) in (list, tuple):
+        h.update(f"{'L' if isinstance(value, list) else 'U'}{len(value)};".encode())
+        for item in value:
+            _feed(h, item)
+    elif type(value) is str:  # exact types: subclasses (e.g. TorchVersion) need unpickling
+        data = value.encode()
+        h.update(f"S{len(data)};".encode() + data)
+    elif value is None or type(value) in (bool, int):
+        h.update(f"{type(value).__name__}:{value!r};".encode())
+    elif type(value) is float:
+        h.update(b"f" + struct.pack("<d", value))
+    elif isinstance(value, torch.dtype | torch.device | torch.Size):
+        h.update(f"{type(value).__name__}:{value};".encode())
+    else:
+        raise TypeError(f"checkpoint payload holds a {type(value).__name__}; only tensors and "
+                        "plain Python values are allowed (they load with weights_only=True)")
+
+
+def make_checkpoint(payload: dict[str, Any]) -> dict[str, Any]:
+    """Wrap a payload with its manifest."""
+    run = payload["run"]
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": int(run["step"]),
+        "run_id": run.get("run_id"),
+        "world_size": int(run["world_size"]),
+        "config_sha256": run["config_sha256"],
+        "payload_sha256": payload_digest(payload),
+    }
+    return {"manifest": manifest, "payload": payload}
+
+
+# ----------------------------------------------------------------------------------------
+# Writing
+
+
+def fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(checkpoint: Mapping[str, Any], path: Path, *, also_as: Path | None = None
+                     ) -> None:
+    """Write atomically: temp file, fsync, rename; `also_as` (e.g. last.pt) first, as a link.
+
+    Temp names never end in `.pt`, so `*.pt` only ever matches complete checkpoints. The
+    extra name is published before the step file, so `last.pt` exists as soon as any
+    `step_N.pt` does. On failure the original error propagates and only this call's own
+    temp files are removed.
+    """
+    directory = path.parent
+    unique = f"{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = directory / f".{path.name}.{unique}.tmp"
+    alias_tmp = directory / f".{also_as.name}.{unique}.tmp" if also_as else None
+    created: list[Path] = []
+    try:
+        with open(tmp, "wb") as f:
+            created.append(tmp)
+            torch.save(dict(checkpoint), f)
+            f.flush()
+            os.fsync(f.fileno())
+        if also_as is not None and alias_tmp is not None:
+            created.append(alias_tmp)
+            _link_or_copy(tmp, alias_tmp)
+            os.replace(alias_tmp, also_as)
+        os.replace(tmp, path)
+        fsync_directory(directory)
+    finally:
+        for leftover in created:  # already renamed on success
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:  # filesystems without hard links
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            while chunk := fin.read(1 << 20):
+                fout.write(chunk)
+            fout.flush()
+            os.fsync(fout.fileno())
+
+
+# ----------------------------------------------------------------------------------------
+# Reading
+
+
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load and verify a checkpoint; raises a CheckpointError subclass naming the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    _check_archive(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" in str(exc).lower() or "weights_only" in str(exc):
+            first = str(exc).split("\n")
+            detail = next((line for line in first if "Unsupported" in line or "GLOBAL" in line),
+                          first[0])
+            raise UnsafeCheckpointError(
+                f"refusing to load {path}: it would need arbitrary unpickling, which can run "
+                f"code ({detail.strip()}). embodichain checkpoints hold only tensors and plain "
+                "values; this file was not written by embodichain or was tampered with"
+            ) from None
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupt: {exc}") from None
+    except Exception as exc:
+        if "TORCH_FORCE_" in str(exc):  # both force-load variables set: not the file's fault
+            raise CheckpointError(f"cannot load {path}: {exc}") from None
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt or truncated ({type(exc).__name__}: {exc})"
+        ) from None
+    return verify_checkpoint(data, path)
+
+
+def _check_archive(path: Path) -> None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+            # torch's reader (miniz) treats a member with the DOS directory attribute as a
+            # directory and returns unread memory for it; Python's CRC check ignores the flag.
+            flagged = [i.filename for i in archive.infolist()
+                       if i.external_attr & 0x10 or i.filename.endswith("/")]
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt or truncated (not a complete archive: {exc})"
+        ) from None
+    except Exception as exc:  # zlib/struct errors on damaged headers
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt ({type(exc).__name__}: {exc})"
+        ) from None
+    if bad is not None:
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt: archive member '{bad}' fails its CRC check"
+        )
+    if flagged:
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt: archive member '{flagged[0]}' is marked as a "
+            "directory")
+
+
+def verify_checkpoint(data: Any, path: Path | str = "<memory>") -> dict[str, Any]:
+    """Check the manifest and recompute the payload digest."""
+    if not isinstance(data, dict) or "manifest" not in data or "payload" not in data:
+        raise CheckpointError(f"{path} is not an embodichain checkpoint (no manifest)")
+    manifest = data["manifest"]
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an embodichain checkpoint (unknown format)")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{path} has checkpoint format version {version}; this "
+                              f"embodichain reads version {FORMAT_VERSION}")
+    try:
+        digest = payload_digest(data["payload"])
+    except TypeError as exc:
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupt: {exc}") from None
+    if digest != manifest.get("payload_sha256"):
+        raise CheckpointCorruptError(
+            f"checkpoint {path} is corrupt: its content does not match its digest "
+            f"(stored {str(manifest.get('payload_sha256'))[:16]}..., computed {digest[:16]}...)"
+        )
+    run = data["payload"].get("run", {})
+    for key in ("step", "run_id", "world_size", "config_sha256"):
+        if manifest.get(key) != run.get(key):
+            raise CheckpointCorruptError(
+                f"checkpoint {path} is corrupt: manifest {key}={manifest.get(key)!r} "
+                f"disagrees with its payload ({run.get(key)!r})")
+    return data
+
+
+def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
+    """Exactly one state per rank 0..world_size-1 (R-CKPT-5): none missing, none extra.
+
+    Checked before restoring (not on every read, so `inspect-checkpoint` can still show
+    what such a file holds).
+    """
+    ranks, world_size = data["payload"].get("ranks"), data["manifest"].get("world_size")
+    if not isinstance(ranks, dict) or not isinstance(world_size, int):
+        raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
+    expected = set(range(world_size))
+    missing = sorted(expected - set(ranks))
+    extra = sorted((r for r in ranks if r not in expected), key=str)
+    if missing or extra:
+        found = ", ".join(map(str, sorted(ranks, key=str))) or "none"
+        problems = ([f"missing rank {', '.join(map(str, missing))}"] if missing else []) + \
+                   ([f"unexpected entry {', '.join(map(str, extra))}"] if extra else [])
+        raise CheckpointError(
+            f"{path} was written by {world_size} worker(s) but holds per-rank state for "
+            f"rank(s) {found} ({'; '.join(problems)}); every rank needs exactly its own entry, "
+            "so it cannot be restored")

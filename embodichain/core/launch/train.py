@@ -1,0 +1,237 @@
+"""Run a recipe on every worker: fresh, from a checkpoint, in place, or auto.
+
+Rank 0 alone inspects, locks and claims the output directory and reads the checkpoint
+(resume_policy decides how the run starts); it then sends every rank the outcome, so a
+refusal is decided (and printed) once and all ranks exit with the same code (R-DIST-5,
+SPEC §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import embodichain
+from embodichain.core.data.source import stream_seed
+from embodichain.core.distributed import process_group as dist_utils
+from embodichain.core.distributed.stop_request import StopRequest
+from embodichain.core.errors import RefusedError, Stopped, TrainingError, UsageError
+from embodichain.core.observe.loggers import LoggingMetricsWriter, check_loggers
+from embodichain.core.observe.progress import configure_logging, log
+from embodichain.core.observe.summary import Status, print_run_summary
+from embodichain.core.recipe.loading import Recipe
+from embodichain.core.recipe.schema import config_sha256
+from embodichain.core.runs.resume_policy import (
+    RunComplete,
+    Start,
+    config_differences,
+    prepare,
+    resume_problems,
+)
+from embodichain.core.runs.run_dir import artifacts_in, new_run_id, now_iso
+from embodichain.core.runs.run_lock import RunLock
+from embodichain.core.training.trainer import RunContext, SupervisedTrainer
+
+
+def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = True
+          ) -> dict[str, float]:
+    """Build the recipe's trainer on every rank, prepare the run directory and fit.
+
+    `start` says how the run begins (fresh by default; see resume_policy.Start).
+    """
+    start = start or Start()
+    config = recipe.config
+    configure_logging(dist_utils.env_rank())
+    check_loggers(config.trainer.loggers)  # a missing extra is refused before anything starts
+    lock = RunLock(Path(config.trainer.output_dir))
+    # Installed before the group exists: a signal during set-up stops at the first update.
+    with StopRequest() as stop, dist_utils.distributed_run(config.device) as device:
+        _seed_everything(config.seed)
+        trainer = recipe.factory(config, device)
+        if not isinstance(trainer, SupervisedTrainer):
+            raise UsageError(f"factory {config.factory} returned {type(trainer).__name__}, "
+                             "not a SupervisedTrainer")
+        try:
+            # Ranks share the model init above; from here on each has its own streams.
+            _seed_everything(stream_seed(config.seed, dist_utils.rank()) % (2**32))
+            outcome = _agree_on_start(recipe, trainer, start, lock)
+            if "complete" in outcome:
+                if dist_utils.is_rank_zero():
+                    log.info("%s", outcome["complete"])
+                return {}
+            _attach_run(trainer, recipe, outcome, device)
+            return _fit_and_summarize(trainer, stop, show_progress)
+        finally:
+            trainer.close()
+            lock.release()
+
+
+def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, Any],
+                device: torch.device) -> None:
+    """Give the trainer its run directory, identity and (rank 0) metrics writer."""
+    config = recipe.config
+    directory = Path(config.trainer.output_dir)
+    continued = outcome["continued"]
+    metrics = None
+    if dist_utils.is_rank_zero():
+        metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
+                                       trainer.step if continued else None)
+    trainer.attach(RunContext(directory, outcome["identity"], metrics))
+    if dist_utils.is_rank_zero():
+        for note in outcome["notes"]:
+            log.info("%s", note)
+        log.info("run %s: %s in %s (world size %d, device %s)",
+                 outcome["identity"]["run_id"][:12],
+                 f"resuming at update {trainer.step}" if continued else "training",
+                 directory, dist_utils.world_size(), device)
+
+
+def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progress: bool
+                       ) -> dict[str, float]:
+    """Fit; whatever the end, rank 0 then says what exists and how to continue (R-UX-2).
+
+    The error itself is printed after the summary, by the CLI. A closed stdout must not
+    turn a finished run into a failure.
+    """
+    start_step, started = trainer.step, time.perf_counter()
+    status: Status = "failed"
+    try:
+        final = trainer.fit(show_progress=show_progress, stop=stop)
+        status = "finished"
+        return final
+    except (Stopped, KeyboardInterrupt):
+        status = "stopped"
+        raise
+    finally:
+        if dist_utils.is_rank_zero():
+            with contextlib.suppress(OSError):
+                print_run_summary(trainer.run_directory, status=status, start_step=start_step,
+                                  end_step=trainer.step, wall_s=time.perf_counter() - started)
+
+
+def _seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+        numpy.random.seed(seed % (2**32))
+    except ImportError:
+        pass
+
+
+def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lock: RunLock
+                    ) -> dict[str, Any]:
+    """Rank 0 decides how the run starts; every rank learns the outcome and restores its part.
+
+    One gather brings rank 0 every rank's host, data identity and (for `--resume auto`)
+    whether it sees a run in its own output_dir (R-DIST-7, R-DIST-6). Rank 0 alone reads
+    the snapshot; it broadcasts the common state and scatters each rank only its own part,
+    so no other node needs the file (nor the run directory).
+    """
+    facts = {"rank": dist_utils.rank(), "host": socket.gethostname(),
+             "source_identity": trainer.source.identity,
+             "sees_run": start.kind == "auto"
+             and bool(artifacts_in(Path(recipe.config.trainer.output_dir)))}
+    peers = dist_utils.gather_to_rank_zero(facts)
+    outcome, payload = None, None
+    if dist_utils.is_rank_zero():
+        outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [])
+    outcome = dist_utils.broadcast_from_rank_zero(outcome)
+    if "refused" in outcome:
+        dist_utils.wait_for_rank_zero_exit(outcome)
+        raise RefusedError(outcome["refused"])
+    if "failed" in outcome:
+        dist_utils.wait_for_rank_zero_exit(outcome)
+        raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
+    if outcome.get("restore"):
+        common = {k: v for k, v in payload.items() if k != "ranks"} if payload else None
+        common = dist_utils.broadcast_from_rank_zero(common)
+        parts = ([payload["ranks"][r] for r in range(dist_utils.world_size())]
+                 if payload is not None else None)
+        own = dist_utils.scatter_from_rank_zero(parts)
+        trainer.restore({**common, "ranks": {dist_utils.rank(): own}})
+    return outcome
+
+
+def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Start,
+                          lock: RunLock, peers: list[dict[str, Any]]
+                          ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The outcome every rank hears, and the snapshot payload to restore (or None)."""
+    directory = Path(recipe.config.trainer.output_dir)
+    try:  # whatever fails here, the other ranks wait for an outcome: they must hear of it
+        identity = {
+            "run_id": new_run_id(),
+            "created_at": now_iso(),
+            "factory": recipe.config.factory,
+            "config_sha256": config_sha256(recipe.resolved),
+            "source_identity": trainer.source.identity,
+            "world_size": dist_utils.world_size(),
+            "versions": versions(recipe),
+            "config": recipe.resolved,
+            "resumed_from": None,
+        }
+        _check_peers(peers, directory)
+        prepared = prepare(start, identity, directory, lock, recipe.source)
+        lock.publish(identity["created_at"])
+    except RunComplete as done:
+        return {"complete": str(done)}, None
+    except UsageError as exc:
+        return {"refused": str(exc), **dist_utils.rank_zero_origin()}, None
+    except Exception as exc:
+        return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
+    return ({"identity": prepared.identity, "notes": list(prepared.notes),
+             "continued": prepared.continued, "restore": prepared.payload is not None},
+            prepared.payload)
+
+
+def _check_peers(peers: list[dict[str, Any]], directory: Path) -> None:
+    """Refuse when ranks train on different data (R-DIST-7), or when, with `--resume auto`,
+    another node sees a run that rank 0 does not (the run lives where rank 0 runs)."""
+    by_identity: dict[str, list[dict[str, Any]]] = {}
+    for peer in peers:
+        by_identity.setdefault(peer["source_identity"], []).append(peer)
+    if len(by_identity) > 1:
+        sides = "\n".join(
+            f"  - {identity}: " + ", ".join(f"rank {p['rank']} on {p['host']}" for p in group)
+            for identity, group in by_identity.items())
+        raise RefusedError("the ranks do not train on the same data: their source identities "
+                           f"differ\n{sides}\nGive every node identical data files (NeRD's "
+                           "prepare is deterministic: run it with the same arguments on each "
+                           "node). Nothing was started.")
+    if peers and not peers[0]["sees_run"]:
+        elsewhere = [p for p in peers[1:] if p["sees_run"]]
+        if elsewhere:
+            holders = ", ".join(f"rank {p['rank']} on {p['host']}" for p in elsewhere)
+            raise RefusedError(
+                f"--resume auto: rank 0 on {peers[0]['host']} finds no run in {directory}, but "
+                f"{holders} finds one in its own {directory}. The run directory lives where global "
+                "rank 0 runs; this rendezvous put rank 0 on another machine. Start again with "
+                f"the node that holds the run as node rank 0 (or copy {directory} there); "
+                "nothing was started, so the run is not started over.")
+
+
+def versions(recipe: Recipe) -> dict[str, str]:
+    found = {"python": platform.python_version(), "torch": str(torch.__version__),
+             "embodichain": embodichain.__version__}
+    module = sys.modules.get(getattr(recipe.factory, "__module__", "") or "")
+    top = (module.__name__.split(".")[0] if module else "")
+    if top and top != "embodichain":
+        try:
+            import importlib_metadata
+            dists = importlib_metadata.packages_distributions().get(top, [])
+            for dist in dists:
+                found[dist] = importlib_metadata.version(dist)
+        except Exception:
+            pass
+    return found
+
+
+__all__ = ["train", "resume_problems", "config_differences"]

@@ -1,0 +1,172 @@
+"""Curves of one or more runs (R-OBS-1): `train/loss`, every `validation/*` key and the
+learning rate against the update, one line per run, resume and roll-back points marked.
+
+Reads only run.json and metrics.jsonl (no torch). Drawing needs matplotlib, the optional
+extra `plot`; its absence is a usage error that names the install command.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from embodichain.core.errors import UsageError
+from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
+
+PLOT_HINT = "pip install 'embodichain[plot]'"
+MARKED_EVENTS = {"resumed": "--", "rolled_back": ":"}  # run.json event -> line style
+
+
+@dataclass
+class RunCurves:
+    """One run as the report shows it."""
+
+    directory: Path
+    label: str
+    identity: dict[str, Any]
+    records: list[dict[str, Any]]
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def series(self, key: str) -> tuple[list[int], list[float]]:
+        points = [(r["step"], float(r[key])) for r in self.records
+                  if key in r and isinstance(r.get("step"), int)
+                  and isinstance(r[key], int | float) and not isinstance(r[key], bool)]
+        return [s for s, _ in points], [v for _, v in points]
+
+
+def load_runs(directories: list[Path]) -> list[RunCurves]:
+    """Read each run directory; labels are the shortest unique path tails plus a short id."""
+    runs = []
+    for directory in directories:
+        if not (directory / RUN_JSON).is_file() and not (directory / METRICS).is_file():
+            raise UsageError(f"{directory} is not a run directory (no {RUN_JSON} or {METRICS})")
+        identity = read_run_json(directory) or {}
+        events = [e for e in identity.get("events") or [] if isinstance(e, dict)]
+        runs.append(RunCurves(directory, "", identity, read_metrics(directory / METRICS).records,
+                              events))
+    names = _unique_tails([run.directory for run in runs])
+    for run, name in zip(runs, names, strict=True):
+        run_id = run.identity.get("run_id")
+        run.label = f"{name} ({run_id[:8]})" if run_id else name
+    return runs
+
+
+def _unique_tails(paths: list[Path]) -> list[str]:
+    parts = [path.resolve().parts for path in paths]
+    for depth in range(1, max((len(p) for p in parts), default=1) + 1):
+        tails = ["/".join(p[-depth:]) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [str(path) for path in paths]  # the same directory twice
+
+
+def plotted_keys(runs: list[RunCurves]) -> list[str]:
+    """train/loss, then every validation/* key (validation/mse first), then train/lr."""
+    keys = {k for run in runs for r in run.records for k in r}
+    validation = sorted((k for k in keys if k.startswith("validation/")),
+                        key=lambda k: (k != "validation/mse", k))
+    return [k for k in ["train/loss", *validation, "train/lr"] if k in keys]
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError(f"report draws with matplotlib, which is not installed: {PLOT_HINT}") \
+            from None
+    matplotlib.use("Agg")  # files only: never needs a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def render_png(runs: list[RunCurves]) -> bytes:
+    """The curves as one PNG: a panel per key, a line per run, events as vertical lines."""
+    plt = _pyplot()
+    from matplotlib.lines import Line2D
+
+    keys = plotted_keys(runs)
+    if not keys:
+        raise UsageError("nothing to draw: no train/loss, validation/* or train/lr records in "
+                         + ", ".join(str(run.directory) for run in runs))
+    cols = 1 if len(keys) == 1 else 2
+    rows = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.4 * rows + 0.8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, key in zip(axes.flat, keys, strict=False):
+        positive = True
+        for i, run in enumerate(runs):
+            steps, values = run.series(key)
+            if not steps:
+                continue
+            color = colors[i % len(colors)]
+            ax.plot(steps, values, color=color, label=run.label,
+                    marker="o" if len(steps) <= 12 else None, markersize=3)
+            positive = positive and min(values) > 0
+            for event in run.events:
+                style = MARKED_EVENTS.get(event.get("event"))
+                if style and isinstance(event.get("step"), int):
+                    ax.axvline(event["step"], color=color, linestyle=style, linewidth=1)
+        if positive and key != "train/lr" and ax.lines:
+            ax.set_yscale("log")
+        ax.set_title(key)
+        ax.set_xlabel("update")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    handles = [Line2D([], [], color=colors[i % len(colors)], label=run.label)
+               for i, run in enumerate(runs)]
+    shown = {e.get("event") for run in runs for e in run.events} & set(MARKED_EVENTS)
+    handles += [Line2D([], [], color="gray", linestyle=MARKED_EVENTS[name],
+                       label=name.replace("_", " ")) for name in sorted(shown)]
+    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 4), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _last(run: RunCurves, key: str) -> str:
+    steps, values = run.series(key)
+    return f"{values[-1]:.6g} (update {steps[-1]})" if steps else "-"
+
+
+def render_html(runs: list[RunCurves], png: bytes) -> str:
+    """One self-contained page: the runs' identities as a table and the figure inline."""
+    e = html.escape
+    head = ["run", "directory", "run id", "factory", "world size", "created", "config sha256",
+            "last train/loss", "last validation/mse", "resumed from", "events"]
+    rows = []
+    for run in runs:
+        ident = run.identity
+        resumed = ident.get("resumed_from") or {}
+        resumed_text = (f"{str(resumed.get('run_id', ''))[:12]} at update {resumed.get('step')}"
+                        if resumed else "-")
+        events = "; ".join(f"{ev.get('event')} at update {ev.get('step')}" for ev in run.events)
+        cells = [run.label, str(run.directory), ident.get("run_id") or "-",
+                 ident.get("factory") or "-", ident.get("world_size", "-"),
+                 ident.get("created_at") or "-", str(ident.get("config_sha256") or "-")[:16],
+                 _last(run, "train/loss"), _last(run, "validation/mse"), resumed_text,
+                 events or "-"]
+        rows.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
+    image = base64.b64encode(png).decode("ascii")
+    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        "<title>embodichain report</title>\n<style>body{font-family:sans-serif;margin:2em}"
+        "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;"
+        "padding:4px 8px;text-align:left}img{max-width:100%}</style>\n</head>\n<body>\n"
+        f"<h1>embodichain report</h1>\n<p>{len(runs)} run(s), generated {e(now)}. Dashed "
+        "lines: resumed; dotted: rolled back.</p>\n"
+        "<table>\n<tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>\n"
+        + "\n".join(rows) + "\n</table>\n"
+        f"<p><img alt=\"curves of {e(', '.join(run.label for run in runs))}\" "
+        f"src=\"data:image/png;base64,{image}\"></p>\n</body>\n</html>\n"
+    )

@@ -1,0 +1,156 @@
+"""What a run leaves behind, said once on rank 0 at its end (R-UX-2).
+
+`print_run_summary` reads the run directory itself (metrics.jsonl is the record, run.json
+the identity), so the normal end and every error path (refusal, failure, signal) describe
+a run the same way: the figures, what exists on disk and the command to continue.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TextIO
+
+from embodichain.core.runs.facts import checkpoint_step, command_for, snapshot_names
+from embodichain.core.runs.run_dir import METRICS, read_metrics, read_run_json
+
+Status = Literal["finished", "stopped", "failed", "refused"]
+
+
+@dataclass
+class Figure:
+    """One metric over a run: its last value and, for validation, its lowest."""
+
+    key: str
+    final: float
+    final_step: int
+    best: float | None = None
+    best_step: int | None = None
+
+
+@dataclass
+class RunFacts:
+    """What a run directory holds, read back from its files."""
+
+    directory: Path
+    run_id: str | None = None
+    world_size: int | None = None
+    max_updates: int | None = None
+    last_step: int | None = None  # newest step in metrics.jsonl
+    figures: list[Figure] = field(default_factory=list)
+    snapshots: list[str] = field(default_factory=list)  # step files by step, then last/best
+
+
+def metric_figures(records: list[Mapping[str, Any]]) -> list[Figure]:
+    """`train/loss` and every `validation/*` key: final value and, for validation, the best.
+
+    Every validation figure the framework writes is an error (lower is better), so the best
+    is the lowest; ties keep the earliest update.
+    """
+    figures: dict[str, Figure] = {}
+    for record in records:
+        step = record.get("step")
+        if not isinstance(step, int):
+            continue
+        for key, value in record.items():
+            if not (key == "train/loss" or key.startswith("validation/")):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            value = float(value)
+            fig = figures.get(key)
+            if fig is None:
+                fig = figures[key] = Figure(key, value, step)
+            fig.final, fig.final_step = value, step
+            if key.startswith("validation/") and (fig.best is None or value < fig.best):
+                fig.best, fig.best_step = value, step
+    return sorted(figures.values(), key=lambda f: (f.key != "train/loss", f.key))
+
+
+def read_run_facts(directory: Path) -> RunFacts:
+    """Everything the summary says about `directory`; never fails on damaged files."""
+    facts = RunFacts(Path(directory))
+    try:
+        identity = read_run_json(directory) or {}
+    except Exception:  # an unreadable run.json must not hide what else exists
+        identity = {}
+    facts.run_id = identity.get("run_id")
+    facts.world_size = identity.get("world_size")
+    trainer = (identity.get("config") or {}).get("trainer") or {}
+    facts.max_updates = trainer.get("max_updates")
+    log = read_metrics(directory / METRICS)
+    facts.last_step = log.last_step
+    facts.figures = metric_figures(log.records)
+    facts.snapshots = snapshot_names(directory) if directory.is_dir() else []
+    return facts
+
+
+def summary_lines(directory: Path, *, status: Status = "finished", start_step: int | None = None,
+                  end_step: int | None = None, wall_s: float | None = None,
+                  reason: str | None = None) -> list[str]:
+    """The summary as plain lines (see `print_run_summary`)."""
+    facts = read_run_facts(Path(directory))
+    d = shlex.quote(str(directory))
+    end = end_step if end_step is not None else facts.last_step
+    run = f"run {facts.run_id[:12]}" if facts.run_id else f"run in {directory}"
+    of = f"/{facts.max_updates}" if facts.max_updates else ""
+    head = {"finished": f"{run} finished at update {end}{of}",
+            "stopped": f"{run} stopped at update {end}{of}",
+            "failed": f"{run} failed" + (f" at update {end}{of}" if end is not None else ""),
+            "refused": f"{run}: nothing was started"}[status]
+    lines = [head + (f": {reason}" if reason else "")]
+    w = max([11] + [len(fig.key) for fig in facts.figures])
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"  {label:<{w}} {text}")
+
+    if start_step is not None and end is not None:
+        done = end - start_step
+        text = f"{done} in this process ({start_step} -> {end}), {end} in total"
+        if wall_s is not None and wall_s > 0:
+            text += f"; {wall_s:.1f} s wall, {done / wall_s:.1f} updates/s"
+        row("updates", text)
+    for fig in facts.figures:
+        text = f"final {fig.final:.6g} (update {fig.final_step})"
+        if fig.best is not None:
+            text += f", best {fig.best:.6g} (update {fig.best_step})"
+        row(fig.key, text)
+    row("run dir", str(directory))
+    shown = [f"{name} (update {step})" if name in ("last.pt", "best.pt")
+             and (step := checkpoint_step(Path(directory) / name)) is not None else name
+             for name in facts.snapshots]
+    row("snapshots", ", ".join(shown) or "none")
+    newest = "last.pt" if "last.pt" in facts.snapshots else next(
+        (n for n in reversed(facts.snapshots) if n.startswith("step_")), None)
+    if newest is not None:
+        row("inspect", f"embodichain inspect-checkpoint {d}/{newest}")
+    if status == "finished":
+        more = 2 * (end or facts.max_updates or 0) or "N"
+        row("train on", command_for(f"resume {d} --set trainer.max_updates={more}",
+                                    facts.world_size))
+    elif status != "refused":
+        row("continue", command_for(f"resume {d}", facts.world_size)
+            + ("" if newest is not None else "  (no snapshot yet: it restarts at update 0)"))
+    if facts.figures:
+        row("curves", f"embodichain report {d}")
+    return lines
+
+
+def print_run_summary(directory: Path, *, status: Status = "finished",
+                      start_step: int | None = None, end_step: int | None = None,
+                      wall_s: float | None = None, reason: str | None = None,
+                      file: TextIO | None = None) -> None:
+    """Print what the run in `directory` did and holds, and how to continue (rank 0 only).
+
+    `start_step`/`end_step`/`wall_s` describe this process's part; `status` says how it
+    ended; `reason` adds one phrase to the first line (e.g. "SIGTERM" or the error).
+    """
+    out = file or sys.stdout
+    for line in summary_lines(directory, status=status, start_step=start_step,
+                              end_step=end_step, wall_s=wall_s, reason=reason):
+        print(line, file=out)
+    out.flush()

@@ -1,0 +1,180 @@
+"""The recipe schema: framework-owned sections, and how a factory's schema joins them (R-CFG-1).
+
+A recipe is one YAML mapping. The framework owns `factory`, `seed`, `device`, `trainer`,
+`optimizer` and `scheduler`; every other top-level section belongs to the factory, which
+declares it through a `config_schema` attribute (a pydantic model or a dataclass). Both are
+validated together in one pass so that every problem is reported at once (see
+`recipe/loading.py` for loading and `recipe/messages.py` for the messages).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    StrictInt,
+    StrictStr,
+    create_model,
+)
+
+# Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
+# value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
+# takes text for a non-text type (e.g. a Path) opts out with `Strict(False)`.
+SECTION_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
+                            allow_inf_nan=False)
+
+
+class Section(BaseModel):
+    """Base of every recipe section: unknown keys are errors, types are strict (no `true` for
+    a number, no `"32"` for an integer), numbers finite; assignments are re-validated.
+
+    Torch-free on purpose: schemas built on it can be validated without importing torch.
+    """
+
+    model_config = SECTION_CONFIG
+
+
+class TrainerConfig(Section):
+    batch_size: PositiveInt
+    """Examples per worker per update; the global batch is `batch_size * world_size`."""
+    max_updates: PositiveInt
+    validate_every: NonNegativeInt = 0
+    """Validate every N updates on rank 0 (0: never)."""
+    save_every: NonNegativeInt = 0
+    """Write `step_N.pt` every N updates (0: only `last.pt` at the end)."""
+    log_every: PositiveInt = 10
+    output_dir: str
+    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
+    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
+    save_best: bool = False
+    """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
+    keep_last: PositiveInt | None = None
+    """Keep only the newest N `step_*.pt` files (default: keep all)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
+    optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+
+
+class OptimizerConfig(Section):
+    name: Literal["adam", "adamw", "sgd"]
+    lr: PositiveFloat
+    weight_decay: NonNegativeFloat = 0.0
+    grad_clip: PositiveFloat | None = None
+    """Clip the global gradient norm to this value."""
+
+
+class SchedulerConfig(Section):
+    name: Literal["constant", "linear", "cosine"] = "constant"
+    end_lr: NonNegativeFloat = 0.0
+    """Learning rate reached at `trainer.max_updates` (linear and cosine)."""
+    warmup_updates: NonNegativeInt = 0
+
+
+class FrameworkConfig(Section):
+    """The framework-owned part of every recipe."""
+
+    factory: StrictStr
+    seed: StrictInt = 0
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    trainer: TrainerConfig
+    optimizer: OptimizerConfig
+    scheduler: SchedulerConfig | None = None
+
+
+# Keys that may change between a checkpoint and the run resuming from it (R-RESUME-2).
+RESUMABLE_CHANGES = (
+    "trainer.output_dir",
+    "trainer.log_every",
+    "trainer.validate_every",
+    "trainer.save_every",
+    "trainer.save_best",
+    "trainer.keep_last",
+    "trainer.loggers",  # where metrics are shown, not what is trained
+    "trainer.max_updates",
+    # A policy for updates that never happen in a healthy run: switching it changes nothing
+    # about the finite ones, and checkpoints written before the key existed stay resumable.
+    "trainer.on_nonfinite",
+)
+
+
+def resolved_dict(config: BaseModel) -> dict[str, Any]:
+    """The recipe as plain JSON-able data, defaults filled in."""
+    return config.model_dump(mode="json")
+
+
+def config_sha256(resolved: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(resolved).encode()).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+
+def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` -> `{"a.b": 1}`; empty sections stay as `{}` values."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten_keys(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+_COMBINED: dict[Any, type[BaseModel]] = {}
+# The whole recipe is not strict at its top level: a factory's own top-level fields keep the
+# factory's choice (a dataclass `path: Path` must take YAML text). The framework's fields are
+# strict by their types, its sections by `Section`; the recipe check refuses `true` for a
+# number and non-finite numbers in every schema (recipe/loading.py).
+_COMBINED_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, strict=False,
+                              allow_inf_nan=False)
+
+
+class _CombinedBase(FrameworkConfig):
+    model_config = _COMBINED_CONFIG
+
+
+def combined_schema(recipe_schema: Any) -> type[BaseModel]:
+    """One model for the whole recipe: the factory's sections plus the framework's.
+
+    A pydantic schema is combined by inheritance, so its top-level validators see the
+    framework fields too (e.g. `self.device`). A dataclass schema contributes its fields.
+    """
+    if recipe_schema is None:
+        return FrameworkConfig
+    if recipe_schema in _COMBINED:
+        return _COMBINED[recipe_schema]
+    if isinstance(recipe_schema, type) and issubclass(recipe_schema, BaseModel):
+        combined = type(f"{recipe_schema.__name__}Recipe", (recipe_schema, FrameworkConfig),
+                        {"model_config": _COMBINED_CONFIG})
+    elif dataclasses.is_dataclass(recipe_schema):
+        hints = typing.get_type_hints(recipe_schema)
+        fields: dict[str, Any] = {}
+        for f in dataclasses.fields(recipe_schema):
+            if f.default is not dataclasses.MISSING:
+                default = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            else:
+                default = ...
+            fields[f.name] = (hints[f.name], default)
+        combined = create_model(f"{recipe_schema.__name__}Recipe", __base__=_CombinedBase,
+                                **fields)
+    else:
+        raise TypeError(f"config_schema must be a pydantic model or a dataclass, "
+                        f"got {recipe_schema!r}")
+    _COMBINED[recipe_schema] = combined
+    return combined

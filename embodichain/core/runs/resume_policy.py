@@ -1,0 +1,357 @@
+"""Where a run starts and what it may continue from (R-RESUME-2..9, R-RUN-1, R-RUN-5).
+
+Four ways to start, all decided on global rank 0 before any training:
+
+- fresh: an artifact-free output_dir, claimed exclusively;
+- a checkpoint file (`--resume CKPT`): into a fresh output_dir, or into the checkpoint's own
+  run directory when its history is not ahead of the checkpoint (R-RESUME-4);
+- in place (`resume RUN_DIR`): from the run's newest complete snapshot; history beyond it is
+  rolled back (moved to a side file, never deleted) so that no two histories mix;
+- auto (`--resume auto`): fresh when output_dir holds no run, in place when it holds a run of
+  the same recipe, world size and data, refused otherwise. This is what `torchrun
+  --max-restarts` and a requeued batch job rerun.
+
+A live run's directory is locked (run_lock), so none of this ever races a running writer.
+A run that already reached `trainer.max_updates` is complete: nothing is changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from embodichain.core.checkpoint.file import LAST, check_rank_entries, read_checkpoint, step_files
+from embodichain.core.errors import RefusedError
+from embodichain.core.recipe.schema import RESUMABLE_CHANGES, flatten_keys
+from embodichain.core.runs.facts import checkpoint_step, fresh_command, resume_command
+from embodichain.core.runs.run_dir import (
+    METRICS,
+    RUN_JSON,
+    TORN_METRICS,
+    artifacts_in,
+    claim,
+    move_torn_tail,
+    now_iso,
+    read_metrics,
+    read_run_json,
+    remove_stale_temp_files,
+    require_fresh,
+    update_run_json,
+)
+from embodichain.core.runs.run_lock import RunLock, refuse_if_locked
+from embodichain.core.runs.snapshots import Snapshot, newest_snapshot, snapshot_files
+
+StartKind = Literal["fresh", "checkpoint", "in_place", "auto"]
+
+
+@dataclass(frozen=True)
+class Start:
+    """How a run begins. `checkpoint` for kind "checkpoint"; for "in_place", the snapshot the
+    caller chose (None: the run never saved one, so it restarts from update 0)."""
+
+    kind: StartKind = "fresh"
+    checkpoint: Path | None = None
+    snapshot: Snapshot | None = None
+
+
+@dataclass
+class Prepared:
+    """What rank 0 decided: the run's identity and the payload to restore (None: from 0)."""
+
+    identity: dict[str, Any]
+    payload: dict[str, Any] | None = None
+    continued: bool = False  # resumed (from a snapshot, or an earlier run restarted at 0)
+    notes: tuple[str, ...] = ()
+
+
+class RunComplete(Exception):
+    """The run already reached trainer.max_updates; nothing to do (exit 0)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Compatibility (R-RESUME-2)
+
+
+def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
+                    identity: Mapping[str, Any]) -> list[str]:
+    """Each field that forbids resuming `snapshot` (a checkpoint's or run.json's run
+    section) as this run, with both values."""
+    problems = []
+    if snapshot.get("world_size") != identity["world_size"]:
+        problems.append(f"world_size: checkpoint {snapshot.get('world_size')}, "
+                        f"this run {identity['world_size']} (exact recovery needs the same "
+                        "number of workers)")
+    if snapshot.get("source_identity") != identity["source_identity"]:
+        problems.append(f"source identity: checkpoint {snapshot.get('source_identity')}, "
+                        f"this run {identity['source_identity']}")
+    problems += config_differences(snapshot.get("config") or {}, resolved,
+                                   int(snapshot.get("step") or 0))
+    return problems
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], step: int
+                       ) -> list[str]:
+    """Recipe differences that forbid resuming (R-RESUME-2); some keys may change."""
+    old, new = flatten_keys(saved), flatten_keys(current)
+    problems = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if a == b or key in RESUMABLE_CHANGES:
+            continue
+        problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+    max_updates = new.get("trainer.max_updates")
+    if isinstance(max_updates, int) and max_updates < step:
+        problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
+                        f"update {step}")
+    return problems
+
+
+def _refuse_differences(what: str, problems: list[str]) -> None:
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems)
+        raise RefusedError(f"cannot resume from {what}: it differs from this run in\n{listed}"
+                           "\nNothing was changed.")
+
+
+# ----------------------------------------------------------------------------------------
+# Deciding on rank 0
+
+
+def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLock,
+            recipe_source: str | None = None) -> Prepared:
+    """Decide how the run starts, lock and claim or continue its directory (rank 0 only).
+
+    `identity` is this launch's identity (a new run id, config, source identity...). Raises
+    RefusedError (exit 2) or RunComplete; on success the directory is locked by `lock`.
+    """
+    resolved = identity["config"]
+    max_updates = int(resolved["trainer"]["max_updates"])
+    if start.kind == "fresh":
+        return _fresh(identity, directory, lock)
+    if start.kind == "checkpoint":
+        assert start.checkpoint is not None
+        return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source)
+    if start.kind == "in_place":
+        return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot)
+    # auto
+    run_json = read_run_json(directory) if directory.is_dir() else None
+    if run_json is None:
+        if artifacts_in(directory):
+            require_fresh(directory)  # refuses, naming what is there
+        return _fresh(identity, directory, lock)
+    return _in_place(identity, directory, lock, max_updates)
+
+
+def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
+    if directory.is_dir():
+        refuse_if_locked(directory)
+    require_fresh(directory)  # read-only: a refused start creates nothing, not even a lock
+    lock.acquire()
+    claim(directory, {**identity, "events": []})
+    return Prepared(identity)
+
+
+def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
+                     lock: RunLock, recipe_source: str | None) -> Prepared:
+    if checkpoint.is_dir():  # a run directory: its newest snapshot
+        newest = newest_snapshot(checkpoint)
+        if newest is None:
+            raise RefusedError(f"--resume {checkpoint}: the run directory holds no snapshot")
+        checkpoint, data = newest.path, newest.data
+    else:
+        data = read_checkpoint(checkpoint)
+    check_rank_entries(data, checkpoint)
+    snapshot = Snapshot(checkpoint, data)
+    _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
+                                                         identity))
+    if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
+        lock.acquire()
+        _check_history_not_ahead(snapshot, directory, identity, recipe_source)
+        _refuse_if_complete(snapshot, directory,
+                            int(identity["config"]["trainer"]["max_updates"]))
+        return _continue(snapshot, identity, directory)
+    identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
+                                             "checkpoint": str(checkpoint),
+                                             "step": snapshot.step}}
+    prepared = _fresh(identity, directory, lock)
+    return Prepared(prepared.identity, data["payload"], continued=True)
+
+
+def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict[str, Any],
+                             recipe_source: str | None) -> None:
+    """R-RESUME-4: `--resume CKPT` into its own directory never rolls anything back."""
+    step = snapshot.step
+    config_path = (recipe_source if recipe_source and Path(recipe_source).is_file()
+                   else None)
+    ways = (f"To continue this run from its newest snapshot, rolling back what came after "
+            f"it: {resume_command(directory, identity['world_size'])}. To keep this directory "
+            f"as it is, resume into a fresh one: "
+            f"{fresh_command(snapshot.path, directory, config_path)}")
+    run_id = snapshot.run.get("run_id")
+    if run_id is None:
+        raise RefusedError(f"{snapshot.path} carries no run identity, so it cannot continue "
+                           f"{directory} in place. {ways}")
+    run_json = read_run_json(directory)
+    if run_json is None or run_json.get("run_id") != run_id:
+        found = run_json.get("run_id") if run_json else f"no {RUN_JSON}"
+        raise RefusedError(f"{snapshot.path} belongs to run {run_id}, but {directory} "
+                           f"holds run {found}. {ways}")
+    history = read_metrics(directory / METRICS)
+    if history.last_step is not None and history.last_step > step:
+        raise RefusedError(
+            f"{directory}/{METRICS} already has records up to update {history.last_step}, "
+            f"beyond the checkpoint's update {step}; continuing from it here would mix two "
+            f"histories. {ways}")
+    later = [path.name for n, path in step_files(directory) if n > step]
+    last_step = checkpoint_step(directory / LAST) if (directory / LAST).exists() else None
+    if not later and last_step is not None and last_step > step:  # e.g. a stop's snapshot
+        later = [f"{LAST} (update {last_step})"]
+    if later:
+        raise RefusedError(
+            f"{directory} already holds checkpoints beyond update {step} "
+            f"({', '.join(later[:3])}{', ...' if len(later) > 3 else ''}); continuing from it "
+            f"here would replace them. {ways}")
+
+
+def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
+              chosen: Snapshot | None = None) -> Prepared:
+    """Continue the run in `directory` from its newest snapshot, rolling back what came after
+    it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
+    caller already picked (`resume RUN_DIR` reads its recipe from it)."""
+    if not directory.is_dir():
+        raise RefusedError(f"{directory} is not a run directory (no such directory)")
+    lock.acquire()  # first: from here on no other process writes the directory
+    run_json = read_run_json(directory)
+    if run_json is None:
+        raise RefusedError(f"{directory} holds no {RUN_JSON}, so it is not a run to continue "
+                           "(start a fresh run there with train-sl)")
+    if chosen is not None and snapshot_files(directory) != chosen.files:
+        raise RefusedError(f"{directory} changed while this command started (its run was "
+                           "still saving); nothing was changed: run the command again")
+    snapshot = chosen if chosen is not None else newest_snapshot(directory)
+    if snapshot is not None and snapshot.run.get("run_id") != run_json.get("run_id"):
+        raise RefusedError(
+            f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
+            f"holds run {run_json.get('run_id')}, so it cannot continue there; nothing "
+            "was changed. To continue that snapshot elsewhere: "
+            + fresh_command(snapshot.path, directory))
+    section = snapshot.run if snapshot is not None else {**run_json, "step": 0}
+    _refuse_differences(str(snapshot.path) if snapshot is not None
+                        else f"the run in {directory}", resume_problems(section,
+                                                                        identity["config"],
+                                                                        identity))
+    if snapshot is not None:
+        check_rank_entries(snapshot.data, snapshot.path)
+        _refuse_if_complete(snapshot, directory, max_updates)
+    return _continue(snapshot, identity, directory, run_json)
+
+
+def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int) -> None:
+    if snapshot.step >= max_updates:
+        raise RunComplete(
+            f"the run in {directory} is complete: update {snapshot.step} of "
+            f"{max_updates} is saved in {snapshot.path.name}. Nothing was changed; to "
+            f"train longer, add --set trainer.max_updates=N (N > {snapshot.step})")
+
+
+def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Path,
+              run_json: dict[str, Any] | None = None) -> Prepared:
+    """Roll back history beyond the snapshot, record the resume, keep the run's identity."""
+    run_json = run_json if run_json is not None else read_run_json(directory) or {}
+    step = snapshot.step if snapshot is not None else 0
+    notes = [snapshot.note] if snapshot is not None and snapshot.note else []
+    events: list[dict[str, Any]] = []
+    removed = remove_stale_temp_files(directory)
+    if removed:
+        notes.append(f"removed {len(removed)} temporary file(s) left by an interrupted save")
+    if snapshot is not None and snapshot.damaged:
+        # The new history will save under these names: keep the damaged files for a look.
+        aside = [_set_aside(path) for path in snapshot.damaged]
+        events.append({"event": "damaged_snapshots_set_aside", "at": now_iso(),
+                       "files": [p.name for p in aside]})
+    torn = move_torn_tail(directory)  # first: a torn line is no record to roll back
+    rolled = roll_back(directory, step)
+    if rolled is not None:
+        events.append(rolled)
+        notes.append(f"rolled back {rolled['records']} metrics record(s) of updates "
+                     f"{rolled['first_step']}..{rolled['last_step']} beyond the snapshot at "
+                     f"update {step}: moved to {directory / rolled['moved_to']}")
+    resumed = {"event": "resumed", "at": now_iso(), "step": step,
+               "checkpoint": snapshot.path.name if snapshot is not None else None,
+               "world_size": identity["world_size"],
+               "config_sha256": identity["config_sha256"]}
+    if torn is not None:
+        resumed["torn_metrics_line_moved_to"] = TORN_METRICS
+    if snapshot is not None and snapshot.note:
+        resumed["note"] = snapshot.note
+    events.append(resumed)
+
+    def record(data: dict[str, Any]) -> None:
+        data.setdefault("events", []).extend(events)
+
+    update_run_json(directory, record)
+    continued = {**identity, "run_id": run_json.get("run_id"),
+                 "created_at": run_json.get("created_at"),
+                 "resumed_from": run_json.get("resumed_from")}
+    payload = snapshot.data["payload"] if snapshot is not None else None
+    return Prepared(continued, payload, continued=True, notes=tuple(notes))
+
+
+# ----------------------------------------------------------------------------------------
+# Roll-back (R-RESUME-6)
+
+
+def roll_back(directory: Path, step: int) -> dict[str, Any] | None:
+    """Move metrics records beyond `step` out of metrics.jsonl (R-RESUME-6).
+
+    The records go to a new side file `metrics.rolled_back.K.jsonl`, never deleted; returns
+    the run.json event describing it, or None when nothing was beyond `step`.
+    """
+    path = directory / METRICS
+    if not path.exists():
+        return None
+    keep, moved, steps = [], [], []
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            record_step = json.loads(line).get("step")
+        except (ValueError, AttributeError):
+            record_step = None  # unreadable lines stay where they are (readers skip them)
+        if isinstance(record_step, int) and record_step > step:
+            moved.append(line)
+            steps.append(record_step)
+        else:
+            keep.append(line)
+    if not moved:
+        return None
+    k = 1
+    while (directory / f"metrics.rolled_back.{k}.jsonl").exists():
+        k += 1
+    side = directory / f"metrics.rolled_back.{k}.jsonl"
+    _write_durably(side, b"".join(moved))
+    tmp = directory / f".{METRICS}.{os.getpid()}.tmp"
+    _write_durably(tmp, b"".join(keep))
+    os.replace(tmp, path)
+    return {"event": "rolled_back", "at": now_iso(), "step": step, "records": len(moved),
+            "first_step": min(steps), "last_step": max(steps), "moved_to": side.name}
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename a damaged checkpoint to a name that is not `*.pt` and is not taken."""
+    target = path.with_name(path.name + ".damaged")
+    k = 1
+    while target.exists():
+        k += 1
+        target = path.with_name(f"{path.name}.damaged{k}")
+    os.replace(path, target)
+    return target
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "xb" if not path.name.startswith(".") else "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

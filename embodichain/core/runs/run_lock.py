@@ -1,0 +1,114 @@
+"""One writer per run directory (R-RUN-5): an OS advisory lock held for the run's whole life.
+
+Rank 0 takes `flock` on `RUN_DIR/.lock` before it touches anything else there and keeps it
+until the process ends. The kernel releases the lock when the process dies, however it
+dies, so a crash never leaves a stale lock. The file also records who holds it (host, pid,
+since when), which is what a refused second writer and `embodichain runs` report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from embodichain.core.errors import RefusedError
+from embodichain.core.runs.run_dir import unusable_output_dir
+
+LOCK = ".lock"
+
+
+class RunLock:
+    """An exclusive, non-blocking lock on a run directory, kept until `release()` or exit."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise RefusedError naming the live holder; creates the directory.
+
+        The file's content is left as it is until `publish()`, so a command that takes the
+        lock and then refuses changes nothing in the directory.
+        """
+        if self._file is not None:
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            f = open(self.directory / LOCK, "a+")  # noqa: SIM115 - held for the run's life
+        except OSError as exc:  # e.g. under a file, or no permission: bad input, exit 2
+            raise unusable_output_dir(self.directory, exc, self.directory / LOCK) from None
+        for attempt in range(20):
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = lock_holder(self.directory)
+                # None: only a reader (`runs`, a refusal check) held it for a moment.
+                if holder is not None or attempt == 19:
+                    f.close()
+                    raise _in_use(self.directory, holder or {}) from None
+                time.sleep(0.01)
+        self._file = f
+
+    def publish(self, started_at: str) -> None:
+        """Record this process as the holder (host, pid, since), once the run goes ahead."""
+        if self._file is None:
+            raise RuntimeError("publish() before acquire()")
+        self._file.seek(0)
+        self._file.truncate()
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": started_at},
+                  self._file)
+        self._file.flush()
+
+    def release(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+
+def lock_holder(directory: Path) -> dict[str, Any] | None:
+    """Who holds the directory's lock now (host, pid, since), or None if nobody does."""
+    path = Path(directory) / LOCK
+    try:
+        f = open(path)  # noqa: SIM115
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                return json.loads(f.read() or "{}")
+            except ValueError:
+                return {}
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return None
+
+
+def refuse_if_locked(directory: Path) -> None:
+    """RefusedError naming the holder when a live run holds `directory`; changes nothing."""
+    holder = lock_holder(directory)
+    if holder is not None:
+        raise _in_use(directory, holder)
+
+
+def _in_use(directory: Path, holder: dict[str, Any]) -> RefusedError:
+    return RefusedError(
+        f"{directory} is in use by a live run ({describe_holder(holder)}); only one process "
+        "may write a run directory. Wait for it to end or stop it (Ctrl-C saves a snapshot), "
+        "then run this command again. Nothing was changed.")
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    host = holder.get("host", "unknown host")
+    pid = holder.get("pid", "unknown pid")
+    since = holder.get("since", "an unknown time")
+    return f"held by pid {pid} on {host} since {since}"

@@ -1,0 +1,117 @@
+"""Choosing the snapshot a run continues from: the newest complete one, by step and
+digest-verified (R-RESUME-8), and the recipe stored with a run (R-RESUME-6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from embodichain.core.checkpoint.file import LAST, read_checkpoint, step_files
+from embodichain.core.errors import CheckpointError, RefusedError
+from embodichain.core.runs.run_dir import RUN_JSON, read_run_json
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A verified checkpoint chosen to continue from. `note` says why it is not last.pt;
+    `damaged` lists newer snapshot files that failed verification."""
+
+    path: Path
+    data: dict[str, Any]
+    note: str | None = None
+    damaged: tuple[Path, ...] = ()
+    files: tuple[tuple[str, int, int], ...] = ()  # the snapshot files when it was chosen
+
+    @property
+    def step(self) -> int:
+        return int(self.data["manifest"]["step"])
+
+    @property
+    def run(self) -> dict[str, Any]:
+        return self.data["payload"]["run"]
+
+
+
+
+
+def newest_snapshot(directory: Path) -> Snapshot | None:
+    """The newest complete snapshot of a run directory: by step, digest-verified (R-RESUME-8).
+
+    last.pt is normally the newest (it is published before the step file of the same
+    update); when it is missing or damaged, the newest `step_N.pt` that verifies is used and
+    the note says so. None when the run never saved a snapshot; RefusedError when it saved
+    some and none verifies.
+    """
+    problems: list[str] = []
+    damaged: list[Path] = []
+    best: Snapshot | None = None
+    files = snapshot_files(directory)
+    if (directory / LAST).exists():
+        try:
+            best = Snapshot(directory / LAST, read_checkpoint(directory / LAST))
+        except CheckpointError as exc:
+            problems.append(f"{LAST} is damaged ({exc})")
+            damaged.append(directory / LAST)
+    for step, path in reversed(step_files(directory)):
+        if best is not None and step <= best.step:
+            break
+        try:
+            best = Snapshot(path, read_checkpoint(path))
+        except CheckpointError as exc:
+            problems.append(f"{path.name} is damaged ({exc})")
+            damaged.append(path)
+            continue
+        if not problems and best.step > 0:
+            problems.append(f"{LAST} is missing")
+        break
+    if best is None:
+        if problems:
+            raise RefusedError(f"no snapshot in {directory} verifies: " + "; ".join(problems)
+                               + ". Nothing was changed.")
+        return None
+    if not problems:
+        return replace(best, files=files)
+    note = "; ".join(problems) + f"; continuing from {best.path.name} (update {best.step}), " \
+        "the newest snapshot that verifies"
+    return Snapshot(best.path, best.data, note, tuple(damaged), files)
+
+
+def snapshot_files(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """Name, size and modification time of last.pt and every step file: what changes when
+    anyone saves in the directory."""
+    found = []
+    for path in [directory / LAST, *(p for _, p in step_files(directory))]:
+        try:
+            info = path.stat()
+        except OSError:
+            continue
+        found.append((path.name, info.st_size, info.st_mtime_ns))
+    return tuple(sorted(found))
+
+
+@dataclass(frozen=True)
+class StoredRecipe:
+    """What `resume RUN_DIR` continues with: the recipe stored with the run, where it came
+    from, and the snapshot it continues from (None: the run never saved one)."""
+
+    config: dict[str, Any]
+    source: str
+    snapshot: Snapshot | None
+
+
+def stored_recipe(directory: Path) -> StoredRecipe:
+    """The recipe of the run in `directory`: its newest snapshot's, else run.json's."""
+    if not directory.is_dir():
+        raise RefusedError(f"{directory} is not a run directory"
+                           + (" (it is a file)" if directory.exists() else
+                              " (no such directory)"))
+    snapshot = newest_snapshot(directory)
+    if snapshot is not None:
+        return StoredRecipe(snapshot.run["config"], f"{snapshot.path} (stored recipe)",
+                            snapshot)
+    stored = read_run_json(directory)  # it never saved: restart from 0 with its recipe
+    if stored is None or not isinstance(stored.get("config"), dict):
+        raise RefusedError(f"{directory} holds no snapshot and no {RUN_JSON} with a recipe; "
+                           "it is not a run that can be continued")
+    return StoredRecipe(stored["config"], f"{directory / RUN_JSON} (stored recipe)", None)

@@ -1,0 +1,89 @@
+"""The runs below a directory and their state, for `embodichain runs` (no torch).
+
+"Running" comes only from the run's lock (R-RUN-5): a live run's rank 0 holds `flock` on
+`RUN_DIR/.lock`, and the kernel drops it when the process dies. A run without a live lock
+is finished when its newest record or snapshot reached `trainer.max_updates` of its stored
+recipe, and stopped otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from embodichain.core.runs.facts import checkpoint_step, snapshot_names
+from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
+from embodichain.core.runs.run_lock import describe_holder, lock_holder
+
+
+@dataclass
+class RunRow:
+    """One line of the runs table; `--json` prints these fields."""
+
+    directory: str
+    run_id: str | None
+    factory: str | None
+    world_size: int | None
+    state: str  # running | finished | stopped
+    last_step: int | None  # newest step recorded in metrics.jsonl or a snapshot
+    max_updates: int | None
+    snapshot_step: int | None
+    validation_mse: float | None
+    modified: str  # newest file time in the directory, local ISO time
+    holder: dict[str, Any] | None  # who holds the lock while running
+
+    @property
+    def state_text(self) -> str:
+        if self.state == "running":
+            return f"running ({describe_holder(self.holder or {})})"
+        if self.state == "stopped":
+            return f"stopped at update {self.last_step or 0}"
+        return self.state
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "state_text": self.state_text}
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every directory at or below `root` holding a run.json, by path."""
+    if (root / RUN_JSON).is_file():
+        return [root]
+    return sorted(path.parent for path in root.rglob(RUN_JSON))
+
+
+def describe_run(directory: Path) -> RunRow:
+    """The table row of one run directory; never fails on damaged files."""
+    try:
+        identity = read_run_json(directory) or {}
+    except Exception:
+        identity = {}
+    trainer = (identity.get("config") or {}).get("trainer") or {}
+    max_updates = trainer.get("max_updates")
+    records = read_metrics(directory / METRICS).records
+    steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
+    mse = [r["validation/mse"] for r in records if "validation/mse" in r]
+    snapshot_steps = []
+    for name in snapshot_names(directory):
+        if name.startswith("step_"):
+            snapshot_steps.append(int(name[len("step_"):-len(".pt")]))
+        elif name == "last.pt" and (step := checkpoint_step(directory / name)) is not None:
+            snapshot_steps.append(step)
+    snapshot = max(snapshot_steps, default=None)
+    last = max(steps + snapshot_steps, default=None)
+    holder = lock_holder(directory)
+    if holder is not None:
+        state = "running"
+    elif isinstance(max_updates, int) and last is not None and last >= max_updates:
+        state = "finished"
+    else:
+        state = "stopped"
+    mtimes = [p.stat().st_mtime for p in directory.iterdir() if p.is_file()]
+    modified = datetime.datetime.fromtimestamp(max(mtimes, default=directory.stat().st_mtime))
+    return RunRow(
+        directory=str(directory), run_id=identity.get("run_id"),
+        factory=identity.get("factory"), world_size=identity.get("world_size"), state=state,
+        last_step=last, max_updates=max_updates, snapshot_step=snapshot,
+        validation_mse=float(mse[-1]) if mse else None,
+        modified=modified.isoformat(sep=" ", timespec="seconds"), holder=holder)

@@ -1,0 +1,346 @@
+"""SupervisedTrainer: the fit loop, validation on rank 0, and collective checkpointing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from embodichain.core.checkpoint.disk_plan import checkpoint_plan_warning, estimate_checkpoint_bytes
+from embodichain.core.checkpoint.file import (
+    LAST,
+    make_checkpoint,
+    step_filename,
+    step_files,
+    write_checkpoint,
+)
+from embodichain.core.checkpoint.rank_state import (
+    capture_buffers,
+    capture_rng,
+    preserved_rng,
+    restore_buffers,
+    restore_rng,
+)
+from embodichain.core.data.source import ReplacementSampler, Source
+from embodichain.core.distributed import process_group as dist_utils
+from embodichain.core.distributed.stop_request import (
+    EXIT_CODES,
+    StopRequest,
+    signal_name,
+    signal_of,
+)
+from embodichain.core.errors import Stopped, TrainingError
+from embodichain.core.observe.progress import ProgressReporter, log
+from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.runs.run_dir import MetricsWriter
+from embodichain.core.training.callbacks import SaveBest, ValidationCallback
+from embodichain.core.training.learner import Learner, Precision
+from embodichain.core.training.nonfinite import finite_values, stop_message
+from embodichain.core.training.objective import Objective
+
+Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
+
+
+@dataclass
+class RunContext:
+    """Where a run writes and who it is; `metrics` is set on rank 0 only."""
+
+    directory: Path
+    identity: dict[str, Any]  # run_id, factory, config, config_sha256, source_identity, ...
+    metrics: MetricsWriter | None = None
+
+
+@dataclass
+class CommittedState:
+    """Every rank's state after an update, gathered on rank 0 (None elsewhere)."""
+
+    step: int
+    ranks: dict[int, dict[str, Any]] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class SupervisedTrainer:
+    """Samples batches, updates the learner, validates on rank 0 and saves checkpoints.
+
+    A factory builds it from the validated recipe; the framework attaches a run directory
+    and calls `fit()` on every rank.
+    """
+
+    def __init__(
+        self,
+        config: FrameworkConfig,
+        *,
+        model: nn.Module,
+        source: Source,
+        objective: Objective,
+        device: torch.device,
+        evaluate: Evaluate | None = None,
+        callbacks: Sequence[ValidationCallback] = (),
+        precision: Precision = "fp32",
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.source = source
+        self.objective = objective
+        self.evaluate = evaluate
+        self.callbacks = list(callbacks)
+        if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
+            # `trainer.save_best: true`: keep best.pt by validation/mse. Appended last, so the
+            # factory's own callbacks keep their checkpoint keys whether or not it is on.
+            self.callbacks.append(SaveBest())
+        self.learner = Learner(model, config.optimizer, config.scheduler,
+                               config.trainer.max_updates, device, precision)
+        self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
+                                          config.seed, dist_utils.rank())
+        self.step = 0
+        self.run: RunContext | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._committed: CommittedState | None = None  # set only while validating
+
+    @property
+    def model(self) -> nn.Module:
+        """The unwrapped model."""
+        return self.learner.model
+
+    @property
+    def run_directory(self) -> Path:
+        return self._require_run().directory
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def fit(self, show_progress: bool = True, stop: StopRequest | None = None
+            ) -> dict[str, float]:
+        """Train to `trainer.max_updates`, validating, logging and saving on schedule.
+
+        When `stop` is requested on any rank, every rank finishes the same update, saves a
+        snapshot of it and raises Stopped (R-SIG-1).
+        """
+        t = self.config.trainer
+        run = self._require_run()
+        if dist_utils.is_rank_zero():
+            self._warn_about_checkpoint_plan()
+        progress = ProgressReporter(t.max_updates, self.step,
+                                    show_progress and dist_utils.is_rank_zero(), t.log_every)
+        saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
+        try:
+            while self.step < t.max_updates and not stopping:
+                summary = self.learner.update(self.objective, self._next_batch(),
+                                              stop=stop.flag if stop is not None else 0.0)
+                self.step += 1
+                stopping = signal_of(summary["stop"])
+                self._check_finite(summary)
+                if summary["skipped"]:
+                    self._record({"train/skipped": 1})
+                if self.step % t.log_every == 0:
+                    self._log_training(summary, progress)
+                if t.validate_every and self.step % t.validate_every == 0:
+                    self._validate(progress)
+                if t.save_every and self.step % t.save_every == 0:
+                    self.save(run.directory / step_filename(self.step))
+                    saved_at = self.step
+                progress.update(self.step)
+            if saved_at != self.step:
+                self.save(run.directory / LAST)
+        finally:
+            progress.close()
+        if stopping and self.step < t.max_updates:
+            raise self._stopped(stopping)
+        return dict(self.last_metrics)
+
+    def _stopped(self, signum: int) -> Stopped:
+        from embodichain.core.runs.facts import resume_command
+
+        directory = self.run_directory
+        return Stopped(
+            f"stopped by {signal_name(signum)} at update {self.step} of "
+            f"{self.config.trainer.max_updates}: saved {directory / LAST} (update {self.step}), "
+            f"so no work is lost. Continue with: "
+            f"{resume_command(directory, dist_utils.world_size())}",
+            EXIT_CODES[signum])
+
+    def _next_batch(self) -> dict[str, torch.Tensor]:
+        batch = self.source.gather(self.sampler.next_indices())
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
+        # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
+        # so every line stays strict JSON.
+        record = {f"train/{k}": v for k, v in summary.items() if k not in ("skipped", "stop")}
+        record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record["time/updates_per_s"] = progress.rate(self.step)
+        record["time/elapsed_s"] = progress.elapsed()
+        self._record(record)
+        progress.update(self.step, loss=summary.get("loss", float("nan")))
+
+    def _warn_about_checkpoint_plan(self) -> None:
+        """Warn when the planned step files are too many for sense or for the disk."""
+        t = self.config.trainer
+        model_bytes = sum(v.numel() * v.element_size()
+                          for v in self.learner.model.state_dict().values())
+        warning = checkpoint_plan_warning(
+            max_updates=t.max_updates, step=self.step, save_every=t.save_every,
+            keep_last=t.keep_last, directory=self._require_run().directory,
+            checkpoint_bytes=estimate_checkpoint_bytes(model_bytes, self.config.optimizer.name))
+        if warning is not None:
+            log.warning("warning: %s", warning)
+
+    def _check_finite(self, summary: Mapping[str, float]) -> None:
+        """`trainer.on_nonfinite` after an update whose global loss was not finite (the
+        learner did not apply it): `stop` raises here, on every rank at the same update."""
+        if not summary.get("nonfinite"):
+            return
+        self._record({"train/nonfinite": 1})
+        if self.config.trainer.on_nonfinite == "stop":
+            # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
+            directory = self._require_run().directory if dist_utils.is_rank_zero() else None
+            raise TrainingError(stop_message(self.step, summary.get("loss"), directory))
+
+    def _record(self, values: Mapping[str, Any]) -> None:
+        values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
+        self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
+        run = self._require_run()
+        if run.metrics is not None:
+            run.metrics.write({"step": self.step, **values})
+
+    # -- validation --------------------------------------------------------------------
+
+    def _validate(self, progress: ProgressReporter) -> None:
+        """Rank 0 evaluates the unwrapped model; callbacks may `save()` the committed state."""
+        if self.evaluate is None:
+            return
+        self._committed = self._capture_committed()
+        failure = None
+        if dist_utils.is_rank_zero():
+            try:
+                metrics = self._evaluate()
+                self._record(metrics)
+                progress.update(self.step, val_mse=metrics.get("validation/mse"))
+                for callback in self.callbacks:
+                    callback.on_validation(self, metrics)
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                log.exception("validation failed at update %d", self.step)
+        self._committed = None
+        # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
+        self._stop_if_rank_zero_failed(failure,
+                                       f"validation failed on rank 0 at update {self.step}")
+
+    def _evaluate(self) -> dict[str, float]:
+        model = self.learner.model
+        start = time.perf_counter()
+        with preserved_rng(self.device), torch.no_grad():
+            model.eval()
+            try:
+                metrics = {k: float(v) for k, v in self.evaluate(model, self.device).items()}
+            finally:
+                model.train()
+        metrics["time/validation_s"] = time.perf_counter() - start
+        return metrics
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint of the current state.
+
+        Collective: every rank must call it, except from a validation callback on rank 0,
+        where it writes the state committed before validation without any collective.
+        """
+        path = Path(path)
+        also_last = path.name.startswith("step_") and path.parent == self.run_directory
+        if self._committed is not None:  # inside a validation callback, rank 0 only
+            self._write(self._committed, path, also_last)
+            return path
+        committed = self._capture_committed()
+        failure = None
+        if dist_utils.is_rank_zero():
+            try:
+                self._write(committed, path, also_last)
+            except OSError as exc:
+                failure = f"{exc.strerror or exc} ({exc.filename or path})"
+            except Exception as exc:  # every rank must hear of it, or the others would hang
+                failure = f"{type(exc).__name__}: {exc}"
+        self._stop_if_rank_zero_failed(failure, f"saving checkpoint {path} failed on rank 0")
+        return path
+
+    def _stop_if_rank_zero_failed(self, failure: str | None, what: str) -> None:
+        """Every rank learns whether rank 0 failed; if so, every rank raises TrainingError."""
+        mine = {"failure": failure, **dist_utils.rank_zero_origin()}
+        outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero() else None)
+        if outcome["failure"]:
+            dist_utils.wait_for_rank_zero_exit(outcome)
+            raise TrainingError(f"{what}: {outcome['failure']}")
+
+    def _capture_committed(self) -> CommittedState:
+        own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
+               "buffers": capture_buffers(self.learner.model)}
+        gathered = dist_utils.gather_to_rank_zero(own)
+        ranks = dict(enumerate(gathered)) if gathered is not None else None
+        return CommittedState(self.step, ranks)
+
+    def _write(self, committed: CommittedState, path: Path, also_last: bool) -> None:
+        run = self._require_run()
+        payload = {
+            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics)},
+            "learner": self.learner.state_dict(),
+            "ranks": committed.ranks,
+            "callbacks": {key: cb.state_dict() for key, cb in self._keyed_callbacks()
+                          if hasattr(cb, "state_dict")},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_checkpoint(make_checkpoint(payload), path,
+                         also_as=path.parent / LAST if also_last else None)
+        if run.metrics is not None:
+            run.metrics.sync()
+        if also_last:
+            self._apply_retention(path.parent)
+
+    def _keyed_callbacks(self) -> list[tuple[str, Any]]:
+        """Callbacks under checkpoint keys `"{index}:{class}"`: a callback's state only ever
+        goes back to a callback of the same kind at the same position."""
+        return [(f"{i}:{type(cb).__qualname__}", cb) for i, cb in enumerate(self.callbacks)]
+
+    def _apply_retention(self, directory: Path) -> None:
+        keep = self.config.trainer.keep_last
+        if keep is None:
+            return
+        for _, old in step_files(directory)[:-keep]:
+            old.unlink(missing_ok=True)
+
+    def restore(self, payload: Mapping[str, Any]) -> None:
+        """Load a verified checkpoint payload; each rank takes its own saved state."""
+        ranks = payload["ranks"]
+        mine = ranks[dist_utils.rank()]
+        self.learner.load_state_dict(payload["learner"])
+        self.sampler.load_state_dict(mine["sampler"])
+        restore_buffers(self.learner.model, mine["buffers"])
+        restore_rng(mine["rng"], self.device)
+        saved = payload.get("callbacks") or {}
+        for key, callback in self._keyed_callbacks():
+            state = saved.get(key)
+            if state is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(state)
+        self.step = int(payload["run"]["step"])
+        self.last_metrics = dict(payload["run"].get("metrics") or {})
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def attach(self, run: RunContext) -> None:
+        self.run = run
+
+    def close(self) -> None:
+        """Release the DDP wrapper and close the metrics file (before the group goes)."""
+        self.learner.release()
+        if self.run is not None and self.run.metrics is not None:
+            self.run.metrics.close()
+
+    def _require_run(self) -> RunContext:
+        if self.run is None:
+            raise RuntimeError("no run directory attached; launch through `embodichain "
+                               "train-sl` or call trainer.attach(...) first")
+        return self.run
+
