@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from embodichain.core.errors import UsageError
-from embodichain.core.observe.summary import SELF_LAUNCHED
+from embodichain.core.runs.facts import SELF_LAUNCHED
 
 LAUNCH_OPTIONS = ("--nproc-per-node", "--max-restarts")
 
