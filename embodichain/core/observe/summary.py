@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from embodichain.core.runs.facts import checkpoint_step, command_for, snapshot_names
+from embodichain.core.runs.facts import (
+    checkpoint_step,
+    command_for,
+    planned_updates,
+    snapshot_names,
+)
 from embodichain.core.runs.run_dir import METRICS, read_metrics, read_run_json
 
 Status = Literal["finished", "stopped", "failed", "refused"]
@@ -80,8 +85,7 @@ def read_run_facts(directory: Path) -> RunFacts:
         identity = {}
     facts.run_id = identity.get("run_id")
     facts.world_size = identity.get("world_size")
-    trainer = (identity.get("config") or {}).get("trainer") or {}
-    facts.max_updates = trainer.get("max_updates")
+    facts.max_updates = planned_updates(identity)  # raised by a resume's --set, if so
     log = read_metrics(directory / METRICS)
     facts.last_step = log.last_step
     facts.figures = metric_figures(log.records)

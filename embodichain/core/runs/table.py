@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from embodichain.core.runs.facts import checkpoint_step, snapshot_names
+from embodichain.core.runs.facts import checkpoint_step, planned_updates, snapshot_names
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 from embodichain.core.runs.run_lock import describe_holder, lock_holder
 
@@ -59,8 +59,7 @@ def describe_run(directory: Path) -> RunRow:
         identity = read_run_json(directory) or {}
     except Exception:
         identity = {}
-    trainer = (identity.get("config") or {}).get("trainer") or {}
-    max_updates = trainer.get("max_updates")
+    max_updates = planned_updates(identity)  # raised by a resume's --set, if so
     records = read_metrics(directory / METRICS).records
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
     mse = [r["validation/mse"] for r in records if "validation/mse" in r]

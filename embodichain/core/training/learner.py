@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from embodichain.core.distributed.process_group import is_distributed
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.core.training.nonfinite import nonfinite_loss
-from embodichain.core.training.objective import LossResult, Objective
+from embodichain.core.training.objective import LossResult, Objective, check_loss_result
 
 Precision = Literal["fp32", "bf16", "fp16"]
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -134,7 +134,7 @@ class Learner:
         when the global weight is 0)."""
         with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
                             enabled=self.precision != "fp32"):
-            result = objective(self.wrapped, batch)
+            result = check_loss_result(objective(self.wrapped, batch), objective)
         local = self._local_statistics(result, stop)
         weighted_loss = result.loss.float() * local[0]
         self._reduce.local = local

@@ -126,6 +126,9 @@ class SupervisedTrainer:
             self._warn_about_checkpoint_plan()
         progress = ProgressReporter(t.max_updates, self.step,
                                     show_progress and dist_utils.is_rank_zero(), t.log_every)
+        if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
+            progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
+            self._show_validation(progress, self.last_metrics)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         try:
             while self.step < t.max_updates and not stopping:
@@ -219,7 +222,7 @@ class SupervisedTrainer:
             try:
                 metrics = self._evaluate()
                 self._record(metrics)
-                progress.update(self.step, val_mse=metrics.get("validation/mse"))
+                self._show_validation(progress, metrics)
                 for callback in self.callbacks:
                     callback.on_validation(self, metrics)
             except Exception as exc:
@@ -229,6 +232,12 @@ class SupervisedTrainer:
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
         self._stop_if_rank_zero_failed(failure,
                                        f"validation failed on rank 0 at update {self.step}")
+
+    def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
+                         ) -> None:
+        """The bar's validation field from `metrics`: a validation's, or after a resume the
+        last ones the checkpoint restored (`last_metrics`): one place picks the figure."""
+        progress.update(self.step, val_mse=metrics.get("validation/mse"))
 
     def _evaluate(self) -> dict[str, float]:
         model = self.learner.model
