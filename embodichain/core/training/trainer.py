@@ -220,6 +220,7 @@ class SupervisedTrainer:
             return
         self._record({"train/nonfinite": 1})
         if self.config.trainer.on_nonfinite == "stop":
+            self._saves.settle()  # a snapshot in flight is the last good one: it is named
             # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
             directory = self._require_run().directory if dist_utils.is_rank_zero() else None
             raise TrainingError(stop_message(self.step, summary.get("loss"), directory))
