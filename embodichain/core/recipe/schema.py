@@ -65,6 +65,12 @@ class TrainerConfig(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    # Background checkpoint writes and time-based snapshots (R-CKPT-8, R-CKPT-9)
+    async_save: bool = True
+    """Write checkpoints on a background thread of rank 0; training pauses only for the copy
+    of the state into CPU memory (`false`: write in the loop)."""
+    save_every_s: PositiveFloat | None = None
+    """Also write `last.pt` once this many seconds have passed since the last save."""
 
 
 class OptimizerConfig(Section):
@@ -106,6 +112,9 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
+    "trainer.async_save",
+    "trainer.save_every_s",
 )
 
 

@@ -248,6 +248,11 @@ class MetricsWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
 
+    def fsync(self) -> None:
+        """Make durable what `write` has flushed; safe from another thread (the background
+        checkpoint writer), which must never touch the file object's buffer."""
+        os.fsync(self._file.fileno())
+
     def close(self) -> None:
         if not self._file.closed:
             self.sync()

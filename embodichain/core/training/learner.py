@@ -2,10 +2,11 @@
 
 One optimizer update represents `sum_r(w_r * l_r) / sum_r(w_r)` over all ranks. Each rank
 back-propagates its weighted sum `w_r * l_r`; a DDP communication hook appends the local
-`[w_r, w_r * l_r, w_r * m_r..., stop_r]` to every gradient bucket, so a single all-reduce per
-bucket yields the gradient sums, the global weight (which it divides by) and whether any rank
-was asked to stop (R-SIG-1). That is one collective per update instead of the two (weight,
-then gradients) of a hand-written loop, and a stop costs no collective of its own.
+`[w_r, w_r * l_r, w_r * m_r..., stop_r, note_r]` to every gradient bucket, so a single
+all-reduce per bucket yields the gradient sums, the global weight (which it divides by),
+whether any rank was asked to stop (R-SIG-1) and rank 0's note about saves (R-CKPT-8/9).
+That is one collective per update instead of the two (weight, then gradients) of a
+hand-written loop, and a stop costs no collective of its own.
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ class Learner:
             self.wrapped = ddp
         self.metric_names: list[str] | None = None
         self._stop_flags = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
+        # Rank 0's note to every rank (a time-based save is due, a background save failed:
+        # checkpoint/writer.py), summed by the same all-reduce after the stop flag.
+        self.rank_zero_note = 0.0
 
     def update(self, objective: Objective, batch: dict[str, torch.Tensor], stop: float = 0.0
                ) -> dict[str, float]:
@@ -167,16 +171,20 @@ class Learner:
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
         values.append(self._stop_flags[stop] if stop in self._stop_flags
                       else torch.tensor(stop, device=self.device))
+        note = self.rank_zero_note
+        values.append(self._stop_flags[note] if note in self._stop_flags
+                      else torch.tensor(note, device=self.device))
         return torch.stack([v.reshape(()) for v in values])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
         """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
         is 0)."""
-        weight, stop = totals[0], totals[-1]
-        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop)}
+        weight, stop, note = totals[0], totals[-2], totals[-1]
+        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop),
+                   "rank_zero_note": float(note)}
         if weight:
             summary["loss"] = totals[1] / weight
-            for name, value in zip(self.metric_names or [], totals[2:-1], strict=True):
+            for name, value in zip(self.metric_names or [], totals[2:-2], strict=True):
                 summary[name] = value / weight
         return summary
 
