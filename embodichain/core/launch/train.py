@@ -177,6 +177,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "versions": versions(recipe),
             "config": recipe.resolved,
             "resumed_from": None,
+            "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)
         prepared = prepare(start, identity, directory, lock, recipe.source)

@@ -26,6 +26,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    field_validator,
 )
 
 # Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
@@ -45,6 +46,34 @@ class Section(BaseModel):
     model_config = SECTION_CONFIG
 
 
+# -- best metric and early stop (R-MET-1, R-MET-2); their use lives in recipe/best.py --
+Mode = Literal["min", "max"]
+
+
+class BestConfig(Section):
+    """`trainer.best`: the metric that matters and which direction is better."""
+
+    metric: StrictStr
+    """A key validation reports, e.g. `validation/accuracy`."""
+    mode: Mode = "min"
+    """`min`: lower is better (an error); `max`: higher is better (an accuracy)."""
+
+    @field_validator("metric")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name the metric, e.g. validation/accuracy")
+        return value
+
+
+class EarlyStopConfig(Section):
+    """`trainer.early_stop`: end the run at the validation that makes `patience` in a row
+    without an improvement of the best metric by at least `min_delta`."""
+
+    patience: PositiveInt
+    min_delta: NonNegativeFloat = 0.0
+
+
 class TrainerConfig(Section):
     batch_size: PositiveInt
     """Examples per worker per update; the global batch is `batch_size * world_size`."""
@@ -59,12 +88,19 @@ class TrainerConfig(Section):
     """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
     `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
     save_best: bool = False
-    """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
+    """Keep `best.pt`, the snapshot with the best value so far of `trainer.best`."""
     keep_last: PositiveInt | None = None
     """Keep only the newest N `step_*.pt` files (default: keep all)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    # -- best metric and early stop (R-MET-1, R-MET-2) --
+    best: BestConfig | None = None
+    """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
+    factory's choice (`SupervisedTrainer(best=...)`), else validation/mse, min."""
+    early_stop: EarlyStopConfig | None = None
+    """Stop after `patience` validations without improving the best metric (a snapshot is
+    written; the run counts as complete)."""
 
 
 class OptimizerConfig(Section):
@@ -106,7 +142,17 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    # What counts as best is read off the history, not trained on (R-MET-1); a patience may
+    # only be raised (config_differences refuses a lower one).
+    "trainer.best",
+    "trainer.early_stop.patience",
 )
+
+
+def is_resumable_change(key: str) -> bool:
+    """A flattened key (`trainer.best.mode`) that may differ on resume: a listed key or one
+    inside a listed section."""
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES)
 
 
 def resolved_dict(config: BaseModel) -> dict[str, Any]:
