@@ -83,7 +83,8 @@ def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, A
     metrics = None
     if dist_utils.is_rank_zero():
         metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
-                                       trainer.step if continued else None)
+                                       trainer.step if continued else None,
+                                       identity=outcome["identity"])
     trainer.attach(RunContext(directory, outcome["identity"], metrics))
     if dist_utils.is_rank_zero():
         for note in outcome["notes"]:

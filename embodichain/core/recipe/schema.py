@@ -14,9 +14,10 @@ import hashlib
 import json
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     NonNegativeFloat,
@@ -28,6 +29,8 @@ from pydantic import (
     create_model,
     field_validator,
 )
+
+from embodichain.core.recipe.logger_names import check_logger_name
 
 # Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
 # value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
@@ -84,9 +87,10 @@ class TrainerConfig(Section):
     """Write `step_N.pt` every N updates (0: only `last.pt` at the end)."""
     log_every: PositiveInt = 10
     output_dir: str
-    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    loggers: list[Annotated[StrictStr, AfterValidator(check_logger_name)]] = ["jsonl"]
     """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
-    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
+    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`), `wandb`
+    a Weights & Biases run (extra `wandb`); third parties register more (R-OBS-3)."""
     save_best: bool = False
     """Keep `best.pt`, the snapshot with the best value so far of `trainer.best`."""
     keep_last: PositiveInt | None = None
