@@ -13,6 +13,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from embodichain.core.recipe.best import DEFAULT_BEST
+
 log = logging.getLogger("embodichain")
 
 
@@ -107,7 +109,7 @@ class ProgressReporter:
     ETA. `label` names that metric (`val_accuracy` for `validation/accuracy`, R-MET-1)."""
 
     def __init__(self, total: int, start: int, enabled: bool, every: int,
-                 console: Console | None = None, label: str = "val_mse") -> None:
+                 console: Console | None = None, label: str = DEFAULT_BEST.label) -> None:
         self.total = total
         self.every = every
         self.console = console or Console(stderr=True)

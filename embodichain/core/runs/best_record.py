@@ -24,11 +24,12 @@ def _events(run_json: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_best(run_json: Mapping[str, Any] | None) -> Best:
-    """The run's best metric now: the newest resume's, else the start's, else the default
-    (a run.json written before runs recorded it)."""
+    """The run's best metric now: the newest resume's, else the start's, else its recipe's
+    `trainer.best`, else the default (a run.json written before runs recorded it)."""
     run_json = run_json or {}
+    recipe = ((run_json.get("config") or {}).get("trainer") or {})
     for source in [*(e for e in reversed(_events(run_json)) if e.get("event") == "resumed"),
-                   run_json]:
+                   run_json, recipe]:
         if isinstance(source.get("best"), Mapping):
             try:
                 return best_from(source["best"])

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol
 
-from embodichain.core.recipe.best import Best
+from embodichain.core.recipe.best import DEFAULT_BEST, Best
 from embodichain.core.recipe.schema import Mode
 
 
@@ -43,8 +43,8 @@ class SaveBest:
     with a better snapshot.
     """
 
-    def __init__(self, metric: str = "validation/mse", filename: str = "best.pt",
-                 mode: Mode = "min") -> None:
+    def __init__(self, metric: str = DEFAULT_BEST.metric, filename: str = "best.pt",
+                 mode: Mode = DEFAULT_BEST.mode) -> None:
         self.metric = metric
         self.filename = filename
         self.mode = mode

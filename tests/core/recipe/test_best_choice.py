@@ -98,3 +98,21 @@ def test_what_may_change_on_resume() -> None:
                         "patience may only be raised)"])
     assert changed(early_stop={"patience": 3, "min_delta": 0.1})
     assert changed(early_stop=None)
+
+
+def test_run_json_says_the_metric_and_whether_it_stopped_early() -> None:
+    """A resume's `best` wins over the start's; a resume after an early stop supersedes it.
+    Catches readers that keep the first metric after `--set trainer.best...` on resume, or
+    call a run that trained on after a raised patience "stopped early"."""
+    from embodichain.core.runs.best_record import run_best, stopped_early_event
+
+    start = {"best": {"metric": "validation/accuracy", "mode": "max"}, "events": []}
+    assert run_best(start) == Best("validation/accuracy", "max")
+    assert run_best({}) == Best()
+    stop = {"event": "stopped_early", "step": 80, "best_step": 50}
+    start["events"] = [stop]
+    assert stopped_early_event(start) == stop
+    start["events"].append({"event": "resumed", "step": 80,
+                            "best": {"metric": "validation/loss", "mode": "min"}})
+    assert stopped_early_event(start) is None
+    assert run_best(start) == Best("validation/loss", "min")
