@@ -84,7 +84,8 @@ def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, A
     metrics = None
     if dist_utils.is_rank_zero():
         metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
-                                       trainer.step if continued else None)
+                                       trainer.step if continued else None,
+                                       identity=outcome["identity"])
     trainer.attach(RunContext(directory, outcome["identity"], metrics))
     if dist_utils.is_rank_zero():
         for note in outcome["notes"]:
@@ -191,6 +192,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "versions": versions(recipe),
             "config": recipe.resolved,
             "resumed_from": None,
+            "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)
         prepared = prepare(start, identity, directory, lock, recipe.source)

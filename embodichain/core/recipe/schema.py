@@ -14,9 +14,10 @@ import hashlib
 import json
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     NonNegativeFloat,
@@ -26,7 +27,10 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    field_validator,
 )
+
+from embodichain.core.recipe.logger_names import check_logger_name
 
 # Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
 # value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
@@ -45,6 +49,34 @@ class Section(BaseModel):
     model_config = SECTION_CONFIG
 
 
+# -- best metric and early stop (R-MET-1, R-MET-2); their use lives in recipe/best.py --
+Mode = Literal["min", "max"]
+
+
+class BestConfig(Section):
+    """`trainer.best`: the metric that matters and which direction is better."""
+
+    metric: StrictStr
+    """A key validation reports, e.g. `validation/accuracy`."""
+    mode: Mode = "min"
+    """`min`: lower is better (an error); `max`: higher is better (an accuracy)."""
+
+    @field_validator("metric")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name the metric, e.g. validation/accuracy")
+        return value
+
+
+class EarlyStopConfig(Section):
+    """`trainer.early_stop`: end the run at the validation that makes `patience` in a row
+    without an improvement of the best metric by at least `min_delta`."""
+
+    patience: PositiveInt
+    min_delta: NonNegativeFloat = 0.0
+
+
 class TrainerConfig(Section):
     batch_size: PositiveInt
     """Examples per worker per update; the global batch is `batch_size * world_size`."""
@@ -55,11 +87,12 @@ class TrainerConfig(Section):
     """Write `step_N.pt` every N updates (0: only `last.pt` at the end)."""
     log_every: PositiveInt = 10
     output_dir: str
-    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    loggers: list[Annotated[StrictStr, AfterValidator(check_logger_name)]] = ["jsonl"]
     """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
-    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
+    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`), `wandb`
+    a Weights & Biases run (extra `wandb`); third parties register more (R-OBS-3)."""
     save_best: bool = False
-    """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
+    """Keep `best.pt`, the snapshot with the best value so far of `trainer.best`."""
     keep_last: PositiveInt | None = None
     """Keep only the newest N `step_*.pt` files (default: keep all)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -71,6 +104,13 @@ class TrainerConfig(Section):
     of the state into CPU memory (`false`: write in the loop)."""
     save_every_s: PositiveFloat | None = None
     """Also write `last.pt` once this many seconds have passed since the last save."""
+    # -- best metric and early stop (R-MET-1, R-MET-2) --
+    best: BestConfig | None = None
+    """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
+    factory's choice (`SupervisedTrainer(best=...)`), else validation/mse, min."""
+    early_stop: EarlyStopConfig | None = None
+    """Stop after `patience` validations without improving the best metric (a snapshot is
+    written; the run counts as complete)."""
 
 
 class OptimizerConfig(Section):
@@ -115,7 +155,17 @@ RESUMABLE_CHANGES = (
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",
     "trainer.save_every_s",
+    # What counts as best is read off the history, not trained on (R-MET-1); a patience may
+    # only be raised (config_differences refuses a lower one).
+    "trainer.best",
+    "trainer.early_stop.patience",
 )
+
+
+def is_resumable_change(key: str) -> bool:
+    """A flattened key (`trainer.best.mode`) that may differ on resume: a listed key or one
+    inside a listed section."""
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES)
 
 
 def resolved_dict(config: BaseModel) -> dict[str, Any]:

@@ -26,7 +26,8 @@ from typing import Any, Literal
 
 from embodichain.core.checkpoint.file import LAST, check_rank_entries, read_checkpoint, step_files
 from embodichain.core.errors import RefusedError
-from embodichain.core.recipe.schema import RESUMABLE_CHANGES, flatten_keys
+from embodichain.core.recipe.best import patience_problems, stopped_early
+from embodichain.core.recipe.schema import flatten_keys, is_resumable_change
 from embodichain.core.runs.facts import (
     checkpoint_step,
     command_for,
@@ -108,9 +109,10 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
     problems = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if a == b or key in RESUMABLE_CHANGES:
+        if a == b or is_resumable_change(key):
             continue
         problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+    problems += patience_problems(old, new)
     max_updates = new.get("trainer.max_updates")
     if isinstance(max_updates, int) and max_updates < step:
         problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
@@ -196,7 +198,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
         lock.acquire()
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
         _refuse_if_complete(snapshot, directory,
-                            int(identity["config"]["trainer"]["max_updates"]))
+                            int(identity["config"]["trainer"]["max_updates"]), identity["config"])
         return _continue(snapshot, identity, directory)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
@@ -271,11 +273,15 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
                                                                         identity, again))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
-        _refuse_if_complete(snapshot, directory, max_updates)
+        _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
     return _continue(snapshot, identity, directory, run_json)
 
 
-def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int) -> None:
+def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
+                        config: Mapping[str, Any]) -> None:
+    if early := stopped_early(snapshot.run, config):  # complete too (R-MET-2)
+        raise RunComplete(f"the run in {directory} is complete: it {early}. Nothing was "
+                          "changed.")
     if snapshot.step >= max_updates:
         raise RunComplete(
             f"the run in {directory} is complete: update {snapshot.step} of "
@@ -311,7 +317,8 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                "config_sha256": identity["config_sha256"],
                # `--set trainer.max_updates=N` may raise it: readers take the newest
                # (runs/facts.planned_updates), run.json's config stays the one it began with.
-               "max_updates": int(identity["config"]["trainer"]["max_updates"])}
+               "max_updates": int(identity["config"]["trainer"]["max_updates"]),
+               "best": identity.get("best")}  # trainer.best may change on resume
     if torn is not None:
         resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:

@@ -43,7 +43,9 @@ from embodichain.core.distributed.stop_request import (
 )
 from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.observe.progress import ProgressReporter, log
+from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.learner import Learner, Precision
@@ -89,6 +91,7 @@ class SupervisedTrainer:
         evaluate: Evaluate | None = None,
         callbacks: Sequence[ValidationCallback] = (),
         precision: Precision = "fp32",
+        best: Best | tuple[str, str] | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -96,10 +99,13 @@ class SupervisedTrainer:
         self.objective = objective
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
+        # R-MET-1: the recipe's trainer.best, else the factory's `best`, else validation/mse.
+        self.best = choose_best(config.trainer, best, evaluate is not None)
+        self.tracker = BestTracker(self.best)
         if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
-            # `trainer.save_best: true`: keep best.pt by validation/mse. Appended last, so the
-            # factory's own callbacks keep their checkpoint keys whether or not it is on.
-            self.callbacks.append(SaveBest())
+            # `trainer.save_best: true`: keep best.pt by the best metric. Appended last, so
+            # the factory's own callbacks keep their checkpoint keys whether or not it is on.
+            self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         self.learner = Learner(model, config.optimizer, config.scheduler,
                                config.trainer.max_updates, device, precision)
         self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
@@ -136,14 +142,15 @@ class SupervisedTrainer:
         if dist_utils.is_rank_zero():
             self._warn_about_checkpoint_plan()
         progress = ProgressReporter(t.max_updates, self.step,
-                                    show_progress and dist_utils.is_rank_zero(), t.log_every)
+                                    show_progress and dist_utils.is_rank_zero(), t.log_every,
+                                    label=self.best.label)
         if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
             progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
             self._show_validation(progress, self.last_metrics)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         self._save_clock.restart()
         try:
-            while self.step < t.max_updates and not stopping:
+            while self.step < t.max_updates and not stopping and not self.stops_early:
                 self.learner.rank_zero_note = (rank_zero_note(self._saves, self._save_clock)
                                                if dist_utils.is_rank_zero() else 0.0)
                 summary = self.learner.update(self.objective, self._next_batch(),
@@ -174,9 +181,18 @@ class SupervisedTrainer:
         finally:
             progress.close()
             self._saves.settle()  # every exit path waits for the save in flight (rank 0)
+        if self.stops_early and self.step < t.max_updates and dist_utils.is_rank_zero():
+            log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
+                                                t.early_stop))
         if stopping and self.step < t.max_updates:
             raise self._stopped(stopping)
         return dict(self.last_metrics)
+
+    @property
+    def stops_early(self) -> bool:
+        """Whether `trainer.early_stop` ends the run at this update (R-MET-2)."""
+        early = self.config.trainer.early_stop
+        return early is not None and self.tracker.exhausted(early.patience)
 
     def _stopped(self, signum: int) -> Stopped:
         from embodichain.core.runs.facts import resume_command
@@ -248,21 +264,28 @@ class SupervisedTrainer:
                 metrics = self._evaluate()
                 self._record(metrics)
                 self._show_validation(progress, metrics)
+                early = self.config.trainer.early_stop
+                self.tracker.observe(self.step, metrics, early.min_delta if early else 0.0)
                 for callback in self.callbacks:
                     callback.on_validation(self, metrics)
+            except MetricMissing as exc:  # the recipe's mistake: its message, no traceback
+                failure = str(exc)
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 log.exception("validation failed at update %d", self.step)
         self._committed = None
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
-        self._stop_if_rank_zero_failed(failure,
-                                       f"validation failed on rank 0 at update {self.step}")
+        # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
+        outcome = self._stop_if_rank_zero_failed(
+            failure, f"validation failed on rank 0 at update {self.step}",
+            best_tracker=self.tracker.state_dict())
+        self.tracker.load_state_dict(outcome["best_tracker"])
 
     def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
                          ) -> None:
-        """The bar's validation field from `metrics`: a validation's, or after a resume the
-        last ones the checkpoint restored (`last_metrics`): one place picks the figure."""
-        progress.update(self.step, val_mse=metrics.get("validation/mse"))
+        """The bar's validation field: the best metric's value (R-UX-1, R-MET-1), from a
+        validation's metrics or, after a resume, the ones the checkpoint restored."""
+        progress.update(self.step, val=metrics.get(self.best.metric))
 
     def _evaluate(self) -> dict[str, float]:
         model = self.learner.model
@@ -308,14 +331,17 @@ class SupervisedTrainer:
         self._stop_if_rank_zero_failed(failure.reason if failure else None,
                                        failure.what if failure else "")
 
-    def _stop_if_rank_zero_failed(self, failure: str | None, what: str) -> None:
+    def _stop_if_rank_zero_failed(self, failure: str | None, what: str, **shared: Any
+                                  ) -> dict[str, Any]:
         """Every rank learns whether rank 0 failed; if so, every rank raises TrainingError
-        (with rank 0's `what`: only rank 0 may know which file failed)."""
-        mine = {"failure": failure, "what": what, **dist_utils.rank_zero_origin()}
+        (with rank 0's `what`: only rank 0 may know which file failed). `shared`: rank 0's
+        values that ride along, returned in the outcome."""
+        mine = {"failure": failure, "what": what, **dist_utils.rank_zero_origin(), **shared}
         outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero() else None)
         if outcome["failure"]:
             dist_utils.wait_for_rank_zero_exit(outcome)
             raise TrainingError(f"{outcome['what']}: {outcome['failure']}")
+        return outcome
 
     def _capture_committed(self) -> CommittedState:
         own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
@@ -327,7 +353,8 @@ class SupervisedTrainer:
     def _write(self, committed: CommittedState, path: Path, also_last: bool) -> None:
         run = self._require_run()
         payload = {
-            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics)},
+            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics),
+                    "best_tracker": self.tracker.state_dict()},
             "learner": self.learner.state_dict(),
             "ranks": committed.ranks,
             "callbacks": {key: cb.state_dict() for key, cb in self._keyed_callbacks()
@@ -369,6 +396,7 @@ class SupervisedTrainer:
                 callback.load_state_dict(state)
         self.step = int(payload["run"]["step"])
         self.last_metrics = dict(payload["run"].get("metrics") or {})
+        self.tracker.load_state_dict(payload["run"].get("best_tracker"))
 
     # -- lifecycle ---------------------------------------------------------------------
 
