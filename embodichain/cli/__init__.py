@@ -63,4 +63,7 @@ for _info in app.registered_commands:
 
 def main() -> None:
     """Console-script entry point."""
+    from embodichain.core.distributed.launcher_watch import watch_launcher
+
+    watch_launcher()  # a torchrun worker stops with a snapshot if its launcher dies (R-PROC-1)
     app()
