@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from embodichain.core.distributed.stop_request import blocking_wait
 from embodichain.core.errors import UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
 
@@ -77,13 +78,14 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
     owns_group = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
         _import_what_would_hold_the_group()
-        store, group_rank, size = _attempt_store(consume=True)
-        if resolved.type == "cuda":
-            torch.cuda.set_device(resolved)
-            dist.init_process_group("nccl", device_id=resolved, store=store, rank=group_rank,
-                                    world_size=size)
-        else:
-            dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
+        with blocking_wait("the other workers to join"):  # a SIGTERM here ends it (R-PROC-3)
+            store, group_rank, size = _attempt_store(consume=True)
+            if resolved.type == "cuda":
+                torch.cuda.set_device(resolved)
+                dist.init_process_group("nccl", device_id=resolved, store=store,
+                                        rank=group_rank, world_size=size)
+            else:
+                dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
         owns_group = True
     elif resolved.type == "cuda":
         torch.cuda.set_device(resolved)
