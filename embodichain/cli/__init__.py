@@ -63,7 +63,11 @@ for _info in app.registered_commands:
 
 def main() -> None:
     """Console-script entry point."""
-    from embodichain.core.distributed.launcher_watch import watch_launcher
+    from embodichain.core.distributed import launcher_watch
 
-    watch_launcher()  # a torchrun worker stops with a snapshot if its launcher dies (R-PROC-1)
-    app()
+    launcher_watch.watch_launcher()  # a worker stops with a snapshot if its launcher dies
+    try:
+        app()
+    except SystemExit as exc:  # R-PROC-1: an orphaned worker, its run saved, ends at once
+        launcher_watch.exit_at_once_if_orphaned(exc.code)
+        raise

@@ -19,8 +19,10 @@ snapshot's gather and the group's teardown still work (see process_group).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 import threading
 
 PERIOD_S = 0.2
@@ -52,6 +54,19 @@ def watch_launcher() -> None:
         return
     threading.Thread(target=_watch, args=(parent,), name="embodichain-launcher-watch",
                      daemon=True).start()
+
+
+def exit_at_once_if_orphaned(code: int | str | None) -> None:
+    """When the launcher is gone, end this worker now with `code` (after flushing output),
+    skipping the interpreter's teardown: nobody waits for an orphan, its run directory is
+    complete (snapshot synced, lock released), and on a busy machine tearing torch down
+    takes seconds of CPU that the next `resume` would wait for."""
+    if not launcher_gone():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def _watch(parent: int) -> None:
