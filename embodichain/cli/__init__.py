@@ -74,11 +74,14 @@ def main() -> None:
     import sys
 
     from embodichain.cli.common import BROKEN_PIPE, quiet_stdout
+    from embodichain.core.distributed import launcher_watch
 
+    launcher_watch.watch_launcher()  # a worker stops with a snapshot if its launcher dies
     try:
         app()
     except SystemExit as exit_:
         code = exit_.code
+        launcher_watch.exit_at_once_if_orphaned(code)  # R-PROC-1: its run saved, end now
     else:
         code = 0
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,7 @@ def train_sl(
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
         from embodichain.core.errors import UsageError
+        from embodichain.core.launch.self_launch import worker_command
         from embodichain.core.recipe.loading import load_recipe
         from embodichain.core.runs.resume_policy import Start
 
@@ -54,7 +56,9 @@ def train_sl(
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
             print_recipe(recipe.resolved)
             return
-        _launch_if_asked(nproc_per_node, max_restarts)
+        _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
+            "train-sl", [("--config", config), ("--resume", resume), ("--set", overrides or []),
+                         ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
         start = (Start() if resume is None else
                  Start("auto") if resume == "auto" else Start("checkpoint", Path(resume)))
@@ -63,15 +67,16 @@ def train_sl(
         train(recipe, start=start, show_progress=not no_progress)
 
 
-def _launch_if_asked(nproc_per_node: int | None, max_restarts: int) -> None:
-    """Self-launch (R-LAUNCH-1): hand over to N workers and exit with the launcher's code."""
-    import sys
-
+def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
+                     worker_args: Callable[[], list[str]]) -> None:
+    """Self-launch (R-LAUNCH-1): hand over to N workers running `worker_args()` (this command,
+    rebuilt from its parsed values, without the launch options) and exit with the
+    launcher's code."""
     from embodichain.core.errors import UsageError
     from embodichain.core.launch.self_launch import launch, should_launch
 
     if should_launch(nproc_per_node):
-        raise typer.Exit(launch(nproc_per_node or 1, max_restarts, sys.argv[1:]))
+        raise typer.Exit(launch(nproc_per_node or 1, max_restarts, worker_args()))
     if max_restarts and nproc_per_node is None:
         raise UsageError("--max-restarts needs --nproc-per-node N (under torchrun, give "
                          "--max-restarts to torchrun itself)")
@@ -92,19 +97,24 @@ def resume_run(
     """
     with reported_errors(debug):
         from embodichain.core.distributed import process_group as dist_utils
-        from embodichain.core.launch.self_launch import should_launch
+        from embodichain.core.launch.self_launch import should_launch, worker_command
         from embodichain.core.launch.train import train
         from embodichain.core.recipe.loading import validate_recipe
         from embodichain.core.runs.resume_policy import Start
+        from embodichain.core.runs.run_lock import refuse_if_locked
         from embodichain.core.runs.snapshots import stored_recipe
 
         if should_launch(nproc_per_node):
+            refuse_if_locked(run_dir)  # a live run's directory: named before any worker starts
             stored_recipe(run_dir)  # a bad RUN_DIR is refused before any worker starts
-        _launch_if_asked(nproc_per_node, max_restarts)
+        _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
+            "resume", [("--set", overrides or []), ("--no-progress", no_progress),
+                       ("--debug", debug)], [str(run_dir)]))
         found = None
 
         def read() -> list:  # on rank 0 only
             nonlocal found
+            refuse_if_locked(run_dir)  # a live run is named (host, pid, since), R-RUN-5
             found = stored_recipe(run_dir)
             return [found.config, found.source]
 

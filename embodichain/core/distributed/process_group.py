@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from embodichain.core.distributed.stop_request import blocking_wait
 from embodichain.core.errors import UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
 
@@ -76,13 +77,15 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
     resolved = resolve_device(device)
     owns_group = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
-        store, group_rank, size = _attempt_store(consume=True)
-        if resolved.type == "cuda":
-            torch.cuda.set_device(resolved)
-            dist.init_process_group("nccl", device_id=resolved, store=store, rank=group_rank,
-                                    world_size=size)
-        else:
-            dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
+        _import_what_would_hold_the_group()
+        with blocking_wait("the other workers to join"):  # a SIGTERM here ends it (R-PROC-3)
+            store, group_rank, size = _attempt_store(consume=True)
+            if resolved.type == "cuda":
+                torch.cuda.set_device(resolved)
+                dist.init_process_group("nccl", device_id=resolved, store=store,
+                                        rank=group_rank, world_size=size)
+            else:
+                dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
         owns_group = True
     elif resolved.type == "cuda":
         torch.cuda.set_device(resolved)
@@ -95,6 +98,35 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
             # DistributedDataParallel outlives its process group.
             gc.collect()
             dist.destroy_process_group()
+
+
+def _import_what_would_hold_the_group() -> None:
+    """Import, before the group exists, the torch module that would otherwise keep it alive.
+
+    `torch.distributed.nn.functional` binds `group=group.WORLD` as default arguments when it
+    is imported. torch imports it lazily (the first optimizer step of torch.optim reaches
+    torch._dynamo, which imports FSDP and `_shard`), so, imported after init_process_group,
+    ten function defaults hold the group for the process's life: destroy_process_group then
+    frees nothing, and gloo's threads (two run loops, the TCP event loop) run on into
+    interpreter exit, where they race the peers' closing sockets and the C++ teardown: the
+    occasional SIGABRT ("terminate called without an active exception") of a finished run
+    on a busy machine (R-PROC-2). Imported first, the defaults are None ("the default group
+    at call time") and the group is freed when it is destroyed.
+    """
+    import torch.distributed.nn.functional  # noqa: F401
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (Linux; [] elsewhere): none may be left once
+    the group is destroyed."""
+    names = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+                name = f.read().strip()
+                if "gloo" in name:
+                    names.append(name)
+    return names
 
 
 def _attempt_store(consume: bool = False) -> tuple[dist.Store, int, int]:

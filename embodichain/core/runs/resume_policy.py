@@ -49,7 +49,12 @@ from embodichain.core.runs.run_dir import (
     require_fresh,
     update_run_json,
 )
-from embodichain.core.runs.run_lock import RunLock, refuse_if_locked
+from embodichain.core.runs.run_lock import (
+    RunLock,
+    describe_holder,
+    last_holder,
+    refuse_if_locked,
+)
 from embodichain.core.runs.snapshots import Snapshot, newest_snapshot, snapshot_files
 
 StartKind = Literal["fresh", "checkpoint", "in_place", "auto"]
@@ -257,8 +262,11 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
         raise RefusedError(f"{directory} holds no {RUN_JSON}, so it is not a run to continue "
                            "(start a fresh run there with train-sl)")
     if chosen is not None and snapshot_files(directory) != chosen.files:
-        raise RefusedError(f"{directory} changed while this command started (its run was "
-                           "still saving); nothing was changed: run the command again")
+        # The run that saved meanwhile has ended (we hold the lock now): name it.
+        holder = last_holder(directory)
+        raise RefusedError(f"{directory} changed while this command started: its run "
+                           f"({describe_holder(holder)}) was still saving, and has ended "
+                           "since; nothing was changed: run the command again")
     snapshot = chosen if chosen is not None else newest_snapshot(directory)
     if snapshot is not None and snapshot.run.get("run_id") != run_json.get("run_id"):
         raise RefusedError(

@@ -93,6 +93,16 @@ def lock_holder(directory: Path) -> dict[str, Any] | None:
         return None
 
 
+def last_holder(directory: Path) -> dict[str, Any]:
+    """Who held the lock last (host, pid, since), whether or not it still does: the file
+    keeps the last holder's record after it ends ({} if none can be read)."""
+    try:
+        found = json.loads((Path(directory) / LOCK).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def refuse_if_locked(directory: Path) -> None:
     """RefusedError naming the holder when a live run holds `directory`; changes nothing."""
     holder = lock_holder(directory)

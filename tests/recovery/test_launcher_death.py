@@ -1,0 +1,155 @@
+"""R-PROC-1: a worker whose launcher dies stops with a snapshot, and the run resumes exactly.
+
+torch's agent starts each worker in a session of its own, so a SIGKILL of torchrun (or of a
+self-launched run's process group) reaches no worker. Without the launcher watch the workers
+train on as orphans holding the lock (the broken variant: they are still alive after 10 s,
+and the `resume` that follows is refused). Each test blocks both ranks at a known update
+(tests/factories/blocking.py), kills the launcher alone, lets the ranks go, and checks that
+every worker is gone within 10 s, that last.pt holds that update, and that `resume DIR`
+right away finishes bitwise equal to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from state_compare import assert_training_state_equal, comparable_records
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
+from embodichain.core.runs.run_lock import lock_holder
+
+FACTORIES = REPO / "tests" / "factories"
+MAX_UPDATES, BLOCK_AT = 120, 55
+RECIPE = {"factory": "blocking:build_supervised_trainer", "trainer.max_updates": MAX_UPDATES,
+          "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
+
+pytestmark = pytest.mark.slow
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return worker_env(PYTHONPATH=str(FACTORIES), **extra)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The blocking recipe trained without interruption (no block) by 2 workers."""
+    root = tmp_path_factory.mktemp("launcher_death_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", env=_env()))
+    return root / "run"
+
+
+def _workers(agent: int) -> list[int]:
+    """The pids of the processes whose parent is `agent` (torch's agent starts the workers
+    directly, no shell in between)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie left for init to reap has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def _kill_launcher_at_the_block(cmd: list[str], run: Path, tmp_path: Path, *, group: bool
+                                ) -> tuple[float, str]:
+    """Start `cmd`, wait until both ranks wait at BLOCK_AT, SIGKILL the launcher (its whole
+    process group if `group`), let the ranks go; returns the seconds from the kill to the
+    last worker's end, and what the run printed."""
+    release = tmp_path / "release"
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
+                                     EMBODICHAIN_TEST_BLOCK_FILE=str(release),
+                                     # an orphan that trained on would outlive the deadline
+                                     EMBODICHAIN_TEST_PACE_S="0.25"))
+    try:
+        deadline = time.monotonic() + 240
+        while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None, (tmp_path / "out.txt").read_text()
+            assert time.monotonic() < deadline, "the ranks never reached the block"
+            time.sleep(0.05)
+        workers = _workers(proc.pid)
+        assert len(workers) == 2, workers
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(timeout=30)
+        time.sleep(0.5)  # the update at the block is the last one before the kill...
+        release.touch()  # ... and the ranks go on only now
+        while any(_alive(pid) for pid in workers) and time.monotonic() < killed + 10:
+            time.sleep(0.02)
+        seconds = time.monotonic() - killed
+        left = [pid for pid in workers if _alive(pid)]
+        for pid in left:  # do not leave orphans behind a failed test
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"workers {left} still alive 10 s after their launcher was killed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+    return seconds, (tmp_path / "out.txt").read_text()
+
+
+def _check_stopped_then_resume(run: Path, printed: str, resume, reference: Path) -> None:
+    stopped = read_checkpoint(run / "last.pt")["manifest"]["step"]
+    assert BLOCK_AT - 1 <= stopped < MAX_UPDATES, printed
+    assert (read_metrics(run / "metrics.jsonl").last_step or 0) <= stopped  # nothing after
+    assert f"stopped by SIGTERM at update {stopped}" in printed
+    assert lock_holder(run) is None  # released: the next command may start at once
+    assert_ok(resume())
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == MAX_UPDATES
+    assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 18
+    assert comparable_records(run) == comparable_records(reference)
+    assert not [p.name for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_sigkill_of_the_torchrun_agent_stops_its_workers_with_a_snapshot(
+        reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+           "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
+           "--no-progress"]
+    seconds, printed = _kill_launcher_at_the_block(cmd, run, tmp_path, group=False)
+    print(f"torchrun agent SIGKILLed: last worker ended {seconds:.2f} s later")
+    _check_stopped_then_resume(
+        run, printed, lambda: run_torchrun("resume", str(run), "--no-progress", env=_env()),
+        reference)
+
+
+def test_sigkill_of_a_self_launched_process_group_stops_its_workers_with_a_snapshot(
+        reference: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    cmd = [sys.executable, "-m", "embodichain", "train-sl", "--config", str(recipe),
+           "--nproc-per-node", "2", "--no-progress"]
+    seconds, printed = _kill_launcher_at_the_block(cmd, run, tmp_path, group=True)
+    print(f"self-launched process group SIGKILLed: last worker ended {seconds:.2f} s later")
+    # the same command again, with --resume auto, continues it (as a requeued job would)
+    _check_stopped_then_resume(
+        run, printed, lambda: run_cli("train-sl", "--config", str(recipe), "--resume", "auto",
+                                      "--nproc-per-node", "2", "--no-progress", env=_env()),
+        reference)
