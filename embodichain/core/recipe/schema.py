@@ -65,6 +65,15 @@ class TrainerConfig(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    # -- data loading (SPEC §11): worker processes, prefetch depth, sampling ------------
+    data_workers: NonNegativeInt = 0
+    """Processes of torch's DataLoader loading a `DatasetSource` (0: the training process).
+    The trained model is the same for every value."""
+    prefetch: PositiveInt = 2
+    """Batches each data worker loads ahead."""
+    sampling: Literal["with_replacement", "epochs"] = "with_replacement"
+    """`with_replacement`: each rank draws independently (R-DIST-4); `epochs`: a seeded
+    permutation per epoch dealt out disjointly to the ranks, the remainder dropped."""
 
 
 class OptimizerConfig(Section):
@@ -106,6 +115,9 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    # How batches are loaded, not which: the same batches come for any value (R-DATA-1).
+    "trainer.data_workers",
+    "trainer.prefetch",
 )
 
 

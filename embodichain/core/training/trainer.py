@@ -26,7 +26,7 @@ from embodichain.core.checkpoint.rank_state import (
     restore_buffers,
     restore_rng,
 )
-from embodichain.core.data.source import ReplacementSampler, Source
+from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group as dist_utils
 from embodichain.core.distributed.stop_request import (
     EXIT_CODES,
@@ -38,6 +38,7 @@ from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.run_dir import MetricsWriter
+from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.learner import Learner, Precision
 from embodichain.core.training.nonfinite import finite_values, stop_message
@@ -95,8 +96,8 @@ class SupervisedTrainer:
             self.callbacks.append(SaveBest())
         self.learner = Learner(model, config.optimizer, config.scheduler,
                                config.trainer.max_updates, device, precision)
-        self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
-                                          config.seed, dist_utils.rank())
+        self.sampler = rank_sampler(self)  # the consumed position, kept in checkpoints
+        self.loader = batch_loader(self)  # trainer.data_workers / prefetch (SPEC §11)
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
@@ -164,14 +165,14 @@ class SupervisedTrainer:
             EXIT_CODES[signum])
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
-        batch = self.source.gather(self.sampler.next_indices())
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return self.loader.next_batch()
 
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
         record = {f"train/{k}": v for k, v in summary.items() if k not in ("skipped", "stop")}
         record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
@@ -334,6 +335,7 @@ class SupervisedTrainer:
 
     def close(self) -> None:
         """Release the DDP wrapper and close the metrics file (before the group goes)."""
+        self.loader.close()  # data workers end with the run
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()
