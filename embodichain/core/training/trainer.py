@@ -96,8 +96,9 @@ class SupervisedTrainer:
             self.callbacks.append(SaveBest())
         self.learner = Learner(model, config.optimizer, config.scheduler,
                                config.trainer.max_updates, device, precision)
-        self.sampler = rank_sampler(self)  # the consumed position, kept in checkpoints
-        self.loader = batch_loader(self)  # trainer.data_workers / prefetch (SPEC §11)
+        self.sampler = rank_sampler(config, source)  # the consumed position: checkpointed
+        self.loader = batch_loader(config, source, self.sampler, device,  # §11, data workers
+                                   lambda: self.run.directory if self.run else None)
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
