@@ -47,3 +47,14 @@ def test_epoch_resume_from_the_middle_of_an_epoch_is_exact(tmp_path: Path) -> No
         [r for r in records if r["step"] > 20]
     epochs = {r["step"]: r["train/epoch"] for r in records if "train/epoch" in r}
     assert epochs[5] == 0 and epochs[15] == 0 and epochs[20] == 1 and epochs[40] == 2
+
+
+def test_a_corpus_smaller_than_a_global_batch_is_refused() -> None:
+    """Catches an epoch sampler that would loop forever on empty epochs (or index past the
+    corpus) when it cannot fill one global batch."""
+    import pytest
+
+    from embodichain.core.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"32 x 2 = 64 examples, the corpus has 50"):
+        EpochSampler(50, 32, 0, 0, 2)
