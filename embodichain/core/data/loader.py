@@ -66,16 +66,25 @@ class SeededExamples:
         return len(self.dataset)
 
     def __getitem__(self, key: Key) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[Key]) -> list[Any]:
+        """A batch's examples (the DataLoader's fetcher calls this once per batch). In the
+        training process the global streams are saved once and restored after the batch."""
         in_worker = torch.utils.data.get_worker_info() is not None
         saved = None if in_worker else _capture_global_rng()
         try:
-            _seed_global_rng(example_seed(self.seed, self.rank, key[1], key[2]))
-            return self.dataset[key[0]]
-        except Exception as exc:  # reported with its index by the training process
-            return LoadFailure(key, f"{type(exc).__name__}: {exc}")
+            return [self._load(key) for key in keys]
         finally:
             if saved is not None:
                 _restore_global_rng(saved)
+
+    def _load(self, key: Key) -> Any:
+        _seed_global_rng(example_seed(self.seed, self.rank, key[1], key[2]))
+        try:
+            return self.dataset[key[0]]
+        except Exception as exc:  # reported with its index by the training process
+            return LoadFailure(key, f"{type(exc).__name__}: {exc}")
 
 
 def _seed_global_rng(seed: int) -> None:
