@@ -111,6 +111,15 @@ class TrainerConfig(Section):
     early_stop: EarlyStopConfig | None = None
     """Stop after `patience` validations without improving the best metric (a snapshot is
     written; the run counts as complete)."""
+    # -- data loading (SPEC §11): worker processes, prefetch depth, sampling ------------
+    data_workers: NonNegativeInt = 0
+    """Processes of torch's DataLoader loading a `DatasetSource` (0: the training process).
+    The trained model is the same for every value."""
+    prefetch: PositiveInt = 2
+    """Batches each data worker loads ahead."""
+    sampling: Literal["with_replacement", "epochs"] = "with_replacement"
+    """`with_replacement`: each rank draws independently (R-DIST-4); `epochs`: a seeded
+    permutation per epoch dealt out disjointly to the ranks, the remainder dropped."""
 
 
 class OptimizerConfig(Section):
@@ -159,6 +168,9 @@ RESUMABLE_CHANGES = (
     # only be raised (config_differences refuses a lower one).
     "trainer.best",
     "trainer.early_stop.patience",
+    # How batches are loaded, not which: the same batches come for any value (R-DATA-1).
+    "trainer.data_workers",
+    "trainer.prefetch",
 )
 
 

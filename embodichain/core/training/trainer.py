@@ -33,7 +33,7 @@ from embodichain.core.checkpoint.writer import (
     failure_reason,
     rank_zero_note,
 )
-from embodichain.core.data.source import ReplacementSampler, Source
+from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group as dist_utils
 from embodichain.core.distributed.stop_request import (
     EXIT_CODES,
@@ -47,6 +47,7 @@ from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choos
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import MetricsWriter
+from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.learner import Learner, Precision
 from embodichain.core.training.nonfinite import finite_values, stop_message
@@ -108,8 +109,9 @@ class SupervisedTrainer:
             self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         self.learner = Learner(model, config.optimizer, config.scheduler,
                                config.trainer.max_updates, device, precision)
-        self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
-                                          config.seed, dist_utils.rank())
+        self.sampler = rank_sampler(config, source)  # the consumed position: checkpointed
+        self.loader = batch_loader(config, source, self.sampler, device,  # §11, data workers
+                                   lambda: self.run.directory if self.run else None)
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
@@ -206,8 +208,7 @@ class SupervisedTrainer:
             EXIT_CODES[signum])
 
     def _next_batch(self) -> dict[str, torch.Tensor]:
-        batch = self.source.gather(self.sampler.next_indices())
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        return self.loader.next_batch()
 
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
@@ -215,6 +216,7 @@ class SupervisedTrainer:
         record = {f"train/{k}": v for k, v in summary.items()
                   if k not in ("skipped", "stop", "rank_zero_note")}
         record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
@@ -406,6 +408,7 @@ class SupervisedTrainer:
     def close(self) -> None:
         """Release the DDP wrapper and close the metrics file (before the group goes)."""
         self._saves.settle()  # the writer's thread fsyncs metrics.jsonl: it finishes first
+        self.loader.close()  # data workers end with the run
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
+    from embodichain.core.data.dataset_source import DatasetSource, file_digest
+    from embodichain.core.data.samplers import EpochSampler
     from embodichain.core.data.source import (
         ReplacementSampler,
         Source,
@@ -43,6 +45,8 @@ _HOMES = {
     "embodichain.core.checkpoint.file": ("read_checkpoint", "write_checkpoint"),
     "embodichain.core.recipe.schema": ("FrameworkConfig", "OptimizerConfig", "SchedulerConfig",
                                 "Section", "TrainerConfig"),
+    "embodichain.core.data.dataset_source": ("DatasetSource", "file_digest"),
+    "embodichain.core.data.samplers": ("EpochSampler",),
     "embodichain.core.distributed.process_group": ("distributed_run",),
     "embodichain.core.errors": ("ConfigError", "UsageError"),
     "embodichain.core.training.learner": ("Learner",),
@@ -55,6 +59,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "ConfigError",
+    "DatasetSource",
+    "EpochSampler",
     "Evaluate",
     "FrameworkConfig",
     "Learner",
@@ -73,6 +79,7 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "UsageError",
     "ValidationCallback",
     "distributed_run",
+    "file_digest",
     "read_checkpoint",
     "tensor_digest",
     "write_checkpoint",

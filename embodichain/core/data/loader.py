@@ -1,0 +1,249 @@
+"""Batches for the trainer: gathered from a `Source`, or loaded by torch's DataLoader (§11).
+
+A `DatasetSource` is loaded by a DataLoader with `trainer.data_workers` processes, fed
+through its `batch_sampler` with the index stream of a look-ahead copy of the rank's
+sampler. The trainer's own sampler advances only when a batch is consumed, so a checkpoint
+holds the consumed position: batches prefetched but not used at a snapshot do not count
+(R-DATA-3), and a resume with any worker count continues the same stream.
+
+Each example is loaded with torch's, Python's and NumPy's global generators seeded from
+(seed, rank, update, position in the update) (R-DATA-2); in the training process
+(`data_workers: 0`) the streams are restored afterwards, so dropout keeps its sequence.
+Results therefore depend neither on the worker count nor on the prefetch depth.
+
+A failing `__getitem__` comes back as a value naming the example; a worker that dies is
+reported by torch (its SIGCHLD handler or its liveness check); both become a TrainingError
+(exit 1) on the rank that loads the batch (R-DATA-4). The other ranks then fail in the
+update's all-reduce, or are stopped by the launcher: none waits forever.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import multiprocessing
+import random
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from embodichain.core.data.dataset_source import DatasetSource
+from embodichain.core.data.samplers import EpochSampler, Sampler
+from embodichain.core.data.source import Source
+from embodichain.core.errors import TrainingError
+
+try:  # NumPy is optional; its global generator is seeded per example when importable.
+    import numpy
+except ImportError:  # pragma: no cover
+    numpy = None  # type: ignore[assignment]
+
+Key = tuple[int, int, int]  # (example index, update, position in the update)
+
+
+def example_seed(seed: int, rank: int, update: int, position: int) -> int:
+    """The 63-bit seed of the example at `position` of `update` on `rank`."""
+    text = f"embodichain-example:{seed}:{rank}:{update}:{position}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+class LoadFailure:
+    """What a worker sends back instead of a batch when an example could not be loaded."""
+
+    def __init__(self, key: Key | None, message: str) -> None:
+        self.key, self.message = key, message
+
+
+class SeededExamples:
+    """The dataset as the DataLoader sees it: indexed by keys, each example seeded."""
+
+    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
+        self.dataset, self.seed, self.rank = dataset, seed, rank
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: Key) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: list[Key]) -> list[Any]:
+        """A batch's examples (the DataLoader's fetcher calls this once per batch). In the
+        training process the global streams are saved once and restored after the batch."""
+        in_worker = torch.utils.data.get_worker_info() is not None
+        saved = None if in_worker else _capture_global_rng()
+        try:
+            return [self._load(key) for key in keys]
+        finally:
+            if saved is not None:
+                _restore_global_rng(saved)
+
+    def _load(self, key: Key) -> Any:
+        _seed_global_rng(example_seed(self.seed, self.rank, key[1], key[2]))
+        try:
+            return self.dataset[key[0]]
+        except Exception as exc:  # reported with its index by the training process
+            return LoadFailure(key, f"{type(exc).__name__}: {exc}")
+
+
+def _seed_global_rng(seed: int) -> None:
+    torch.default_generator.manual_seed(seed)  # CPU only: CUDA streams are the trainer's
+    random.seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed % (2**32))
+
+
+def _capture_global_rng() -> tuple[Any, ...]:
+    return (torch.default_generator.get_state(), random.getstate(),
+            numpy.random.get_state() if numpy is not None else None)
+
+
+def _restore_global_rng(saved: tuple[Any, ...]) -> None:
+    torch.default_generator.set_state(saved[0])
+    random.setstate(saved[1])
+    if saved[2] is not None:
+        numpy.random.set_state(saved[2])
+
+
+def collate(examples: list[Any]) -> Any:
+    """Stack a batch of examples; a failed example (or a failed stacking) is passed on."""
+    for example in examples:
+        if isinstance(example, LoadFailure):
+            return example
+    try:
+        return torch.utils.data.default_collate(examples)
+    except Exception as exc:
+        return LoadFailure(None, f"stacking the batch failed: {type(exc).__name__}: {exc}")
+
+
+class IndexStream:
+    """The DataLoader's `batch_sampler`: the look-ahead sampler's batches as keys, forever."""
+
+    def __init__(self, sampler: Sampler, micro_batches: int) -> None:
+        self.sampler, self.micro_batches = sampler, micro_batches
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        while True:
+            update, micro = divmod(self.sampler.batches_drawn, self.micro_batches)
+            indices = self.sampler.next_indices().tolist()
+            first = micro * len(indices)
+            yield [(i, update, first + j) for j, i in enumerate(indices)]
+
+
+class BatchLoader:
+    """`next_batch()` gives the rank's next batch on the training device.
+
+    Call it once per (micro-)batch; `micro_batches` batches make one update (their examples
+    are seeded by their position in the update). `where_to_continue()` is appended to a
+    loading failure's message (which snapshot to continue from).
+    """
+
+    def __init__(self, source: Source, sampler: Sampler, device: torch.device, *, seed: int,
+                 rank: int, workers: int = 0, prefetch: int = 2, micro_batches: int = 1,
+                 where_to_continue: Callable[[], str] = lambda: "") -> None:
+        self.source, self.sampler, self.device = source, sampler, device
+        self.seed, self.rank = seed, rank
+        self.workers, self.prefetch, self.micro_batches = workers, prefetch, micro_batches
+        self.where_to_continue = where_to_continue
+        self._iterator: Iterator[Any] | None = None
+        self._consumed = -1  # the sampler position the iterator's next batch starts at
+        self._sigchld: Any = None
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        if not isinstance(self.source, DatasetSource):  # the in-memory gather path
+            batch = self.source.gather(self.sampler.next_indices())
+            return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        if self._iterator is None or self._consumed != self.sampler.batches_drawn:
+            self._start()  # first batch, or the sampler was restored meanwhile
+        update = self.sampler.batches_drawn // self.micro_batches + 1
+        try:
+            assert self._iterator is not None
+            loaded = next(self._iterator)
+        except TrainingError:
+            raise
+        except Exception as exc:  # a worker died, or the DataLoader itself failed
+            raise self._failure(exc, update) from None
+        if isinstance(loaded, LoadFailure):
+            self.close()
+            raise self._failure(loaded, update)
+        self.sampler.next_indices()  # the consumed position is what a checkpoint keeps
+        self._consumed = self.sampler.batches_drawn
+        return {k: v.to(self.device, non_blocking=True) for k, v in loaded.items()}
+
+    def metrics(self) -> dict[str, float]:
+        """Per-update records of the sampling (`train/epoch` in epochs)."""
+        if isinstance(self.sampler, EpochSampler):
+            return {"train/epoch": self.sampler.epoch}
+        return {}
+
+    def _start(self) -> None:
+        self.close()
+        from torch.utils.data import DataLoader
+
+        assert isinstance(self.source, DatasetSource)
+        workers = self.workers
+        fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+        loader = DataLoader(
+            SeededExamples(self.source.dataset, self.seed, self.rank),
+            batch_sampler=IndexStream(copy.deepcopy(self.sampler), self.micro_batches),
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=self.device.type == "cuda",
+            prefetch_factor=self.prefetch if workers > 0 else None,
+            # Forked workers share the dataset's memory instead of unpickling a copy each.
+            multiprocessing_context="fork" if fork else None,
+            # The workers' base seed from a generator of its own, not the global torch
+            # stream: starting (or restarting) the loader leaves training streams alone.
+            generator=torch.Generator().manual_seed(0),
+        )
+        self._iterator = iter(loader)
+        self._consumed = self.sampler.batches_drawn
+        if workers > 0:
+            self._wrap_sigchld()
+
+    def _wrap_sigchld(self) -> None:
+        """torch raises a RuntimeError from its SIGCHLD handler when a worker dies, wherever
+        the training process is; it is turned into our TrainingError there too."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        torch_handler = signal.getsignal(signal.SIGCHLD)
+        if not callable(torch_handler) or self._sigchld is not None:
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            try:
+                torch_handler(signum, frame)
+            except RuntimeError as exc:
+                raise self._failure(exc, self.sampler.batches_drawn // self.micro_batches + 1
+                                    ) from None
+
+        self._sigchld = (torch_handler, handler)
+        signal.signal(signal.SIGCHLD, handler)
+
+    def _failure(self, what: LoadFailure | Exception, update: int) -> TrainingError:
+        where = f"rank {self.rank}, update {update}"
+        if isinstance(what, LoadFailure):
+            subject = (f"loading example {what.key[0]} failed ({where}): {what.message}"
+                       if what.key is not None else f"loading a batch failed ({where}): "
+                       f"{what.message}")
+        else:
+            first = str(what).strip().splitlines()[0] if str(what).strip() else ""
+            died = "worker" in first and ("killed" in first or "exited" in first)
+            subject = (f"a data worker process died ({where}): {first}" if died else
+                       f"loading a batch failed ({where}): {type(what).__name__}: {first}")
+        hint = self.where_to_continue()
+        return TrainingError(f"{subject}{'; ' + hint if hint else ''}")
+
+    def close(self) -> None:
+        """Stop the worker processes (prefetched batches are dropped, never counted)."""
+        if self._sigchld is not None:
+            torch_handler, ours = self._sigchld
+            self._sigchld = None
+            if threading.current_thread() is threading.main_thread() and \
+                    signal.getsignal(signal.SIGCHLD) is ours:
+                signal.signal(signal.SIGCHLD, torch_handler)
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()  # now, not whenever the iterator is collected

@@ -1,0 +1,44 @@
+"""How the trainer gets its batches: the sampler `trainer.sampling` names and the loader that
+`trainer.data_workers` / `trainer.prefetch` configure (data/loader.py), built for this rank."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from embodichain.core.data.loader import BatchLoader
+from embodichain.core.data.samplers import Sampler, make_sampler
+from embodichain.core.data.source import Source
+from embodichain.core.distributed import process_group as dist_utils
+from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.training.nonfinite import last_good_snapshot
+
+
+def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
+    return make_sampler(config.trainer.sampling, len(source), config.trainer.batch_size,
+                        config.seed, dist_utils.rank(), dist_utils.world_size())
+
+
+def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
+                 device: torch.device, run_directory: Callable[[], Path | None]
+                 ) -> BatchLoader:
+    """`run_directory()`: the attached run's directory (None before one is attached)."""
+    t = config.trainer
+    return BatchLoader(source, sampler, device, seed=config.seed, rank=dist_utils.rank(),
+                       workers=t.data_workers, prefetch=t.prefetch,
+                       # gradient accumulation, where the trainer has it: K batches an update
+                       micro_batches=getattr(t, "grad_accumulation", 1),
+                       where_to_continue=lambda: where_to_continue(run_directory()))
+
+
+def where_to_continue(directory: Path | None) -> str:
+    """Which snapshot the run can continue from, as this rank sees it."""
+    if directory is None:
+        return ""
+    if not directory.is_dir():  # another node: only rank 0 sees the run directory
+        return "rank 0's run directory holds the last snapshot"
+    snapshot = last_good_snapshot(directory)
+    return (f"the last snapshot is {snapshot}" if snapshot is not None
+            else f"no snapshot was saved in {directory} yet")

@@ -1,0 +1,1 @@
+"""Perception recipes: estimating a robot's state from camera frames."""

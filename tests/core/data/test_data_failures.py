@@ -1,0 +1,105 @@
+"""Loading failures under torchrun (R-DATA-4): a `__getitem__` that raises, a data worker
+SIGKILLed. Every rank exits non-zero promptly (none waits in the all-reduce), and the
+message names the example or the worker, and the last snapshot."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, run_torchrun
+from data_runs import data_env, data_recipe
+
+from embodichain.core.data.source import ReplacementSampler
+from embodichain.core.runs.run_dir import read_metrics
+
+TRAIN_SIZE, BATCH = 1024, 32
+
+
+def _first_update_drawing(index: int, updates: int = 200) -> int | None:
+    """The first update at which either rank draws `index` (seed 0, as the recipe)."""
+    samplers = [ReplacementSampler(TRAIN_SIZE, BATCH, 0, rank) for rank in (0, 1)]
+    for update in range(1, updates + 1):
+        if any(index in s.next_indices().tolist() for s in samplers):
+            return update
+    return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _rank_process(agent: int, rank: int) -> int:
+    for pid in _children(agent):
+        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under {agent}")
+
+
+def test_an_example_that_raises_stops_every_rank_naming_it(tmp_path: Path) -> None:
+    """Catches a failure that hangs the other rank in the all-reduce, or that is reported
+    without the example's index, the dataset's own message or the snapshot to go back to."""
+    index, update = next((i, u) for i in range(TRAIN_SIZE)
+                         if (u := _first_update_drawing(i)) is not None and 13 <= u <= 40)
+    run = tmp_path / "run"
+    recipe = data_recipe(tmp_path / "r.yaml", run, **{
+        "trainer.max_updates": 60, "trainer.save_every": 5, "trainer.data_workers": 2})
+    started = time.monotonic()
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env=data_env(EMBODICHAIN_TEST_FAIL_INDEX=str(index)))
+    elapsed = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output
+    assert f"loading example {index} failed" in output, output
+    assert f"update {update}" in output and f"ValueError: corrupt record {index} (test)" in output
+    snapshot = (update - 1) // 5 * 5
+    assert f"the last snapshot is {run / f'step_{snapshot}.pt'}" in output, output
+    assert read_metrics(run / "metrics.jsonl").last_step == snapshot
+    print(f"example {index} failed at update {update}; torchrun exited after {elapsed:.1f} s")
+
+
+def test_a_sigkilled_data_worker_stops_every_rank_naming_it(tmp_path: Path) -> None:
+    """Catches a dead data worker that leaves its rank waiting for the batch forever (and
+    the other rank in the all-reduce), or a message that does not say what died."""
+    run = tmp_path / "run"
+    recipe = data_recipe(tmp_path / "r.yaml", run, **{
+        "trainer.max_updates": 100_000, "trainer.save_every": 5, "trainer.log_every": 1,
+        "trainer.validate_every": 0, "trainer.data_workers": 2})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+               "--nproc-per-node=2", "--monitor-interval=0.2", "-m", "embodichain",
+               "train-sl", "--config", str(recipe), "--no-progress"]
+    proc = subprocess.Popen(command, cwd=REPO, env=data_env(EMBODICHAIN_TEST_SLEEP_S="0.05"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not ((run / "metrics.jsonl").exists()
+                   and (read_metrics(run / "metrics.jsonl").last_step or 0) >= 12):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        victim = _children(_rank_process(proc.pid, 1))[0]
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        output = proc.communicate(timeout=120)[0]
+        elapsed = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, output
+    assert "a data worker process died (rank 1" in output, output
+    assert f"DataLoader worker (pid {victim}) is killed by signal: Killed" in output, output
+    assert "the last snapshot is " in output and "step_" in output, output
+    print(f"torchrun exited {elapsed:.1f} s after the data worker's SIGKILL")
