@@ -35,5 +35,6 @@ def print_rows(console: Console, title: str, headers: Sequence[str],
             label = f"  {header:<{width}}  "
             if len(label) + value.cell_len > console.width:  # a long name: a line of its own
                 console.print(f"  {header}")
-                label = "    "
+                # indented when it fits so, else from the first column (never folded)
+                label = "    " if 4 + value.cell_len <= console.width else ""
             console.print(Text.assemble(label, value), soft_wrap=True)
