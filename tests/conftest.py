@@ -72,10 +72,11 @@ def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNUL
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
-def snapshot_dir(directory: Path) -> dict[str, bytes]:
-    """Every file's bytes, to assert that a refused command changed nothing."""
-    return {str(p.relative_to(directory)): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None), to assert that a refused command
+    changed nothing: a file or a directory it created, removed or changed shows."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}
 
 
 def tensors_by_path(value: object, path: str = ""):
@@ -133,3 +134,27 @@ def copy_run(tmp_path: Path):
         shutil.copytree(src, dst)
         return dst
     return copy
+
+
+# -- runs that several test files share (each trained once per session, read-only) -------------
+
+# The recovery-by-restart recipe (tests/factories/restarting.py: sl_ddp with test-controlled
+# kills, pauses and blocks; without them it trains exactly like sl_ddp).
+RESTART_RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": 300,
+                  "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
+
+
+def factories_env(**extra: str) -> dict[str, str]:
+    """Worker environment in which the test factories of tests/factories resolve."""
+    return worker_env(PYTHONPATH=str(FACTORIES), **extra)
+
+
+@pytest.fixture(scope="session")
+def restart_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RESTART_RECIPE trained to 300 updates by 2 torchrun workers without interruption: the
+    reference of every recovery-by-restart and multi-node scenario (shared, read-only)."""
+    root = tmp_path_factory.mktemp("restart_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **RESTART_RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           env=factories_env()))
+    return root / "run"
