@@ -158,3 +158,19 @@ def restart_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
                            env=factories_env()))
     return root / "run"
+
+
+@pytest.fixture(scope="session")
+def resumed_at_100(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example recipe (with the TensorBoard logger too) trained in one process to
+    update 100, then continued in place by `resume --set trainer.max_updates=200`.
+    `at_100/` is a copy of the run as it was at update 100, `run/` the continued run
+    (shared, read-only)."""
+    root = tmp_path_factory.mktemp("resumed_at_100")
+    run = root / "run"
+    recipe = write_recipe(root / "r.yaml", run, **{"trainer.loggers": ["jsonl", "tensorboard"],
+                                                   "trainer.max_updates": 100})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+    shutil.copytree(run, root / "at_100")
+    assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200", "--no-progress"))
+    return root

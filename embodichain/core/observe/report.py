@@ -89,6 +89,16 @@ def _pyplot() -> Any:
 def render_png(runs: list[RunCurves]) -> bytes:
     """The curves as one PNG: a panel per key, a line per run, events as vertical lines."""
     plt = _pyplot()
+    fig = build_figure(runs)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def build_figure(runs: list[RunCurves]) -> Any:
+    """The matplotlib figure that render_png rasterises (tests read what it draws)."""
+    plt = _pyplot()
     from matplotlib.lines import Line2D
 
     keys = plotted_keys(runs)
@@ -127,10 +137,7 @@ def render_png(runs: list[RunCurves]) -> bytes:
                        label=name.replace("_", " ")) for name in sorted(shown)]
     fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 4), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return fig
 
 
 def _last(run: RunCurves, key: str) -> str:
