@@ -174,3 +174,39 @@ def resumed_at_100(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(run, root / "at_100")
     assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200", "--no-progress"))
     return root
+
+
+@pytest.fixture(scope="session")
+def endless_run_stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """`start_endless_run` into `outputs/live`, looked at by `embodichain runs` while it is
+    live (once step_500.pt exists and the lock names its holder), then stopped by SIGTERM.
+    Returns what each step saw: `run`, `pid`, `live_json` and `live_table` (the `runs`
+    outputs while live), `returncode`, `stdout`, `stderr` (shared, read-only)."""
+    import json
+    import signal
+    import time
+
+    from embodichain.core.runs.run_lock import lock_holder
+
+    root = tmp_path_factory.mktemp("endless")
+    run = root / "outputs" / "live"
+    proc = start_endless_run(root, run, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ((run / "step_500.pt").exists() and lock_holder(run)):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the endless run never saved step_500.pt"
+            time.sleep(0.2)
+        listed = run_cli("runs", str(run.parent), "--json")
+        table = run_cli("runs", str(run.parent), env=worker_env(COLUMNS="200"))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_ok(listed)
+    assert_ok(table)
+    return {"run": run, "pid": proc.pid, "live_json": json.loads(listed.stdout),
+            "live_table": table.stdout, "returncode": proc.returncode, "stdout": out,
+            "stderr": err}
