@@ -145,11 +145,13 @@ def assert_rolled_back_records(run: Path, reference: Path, unnamed_side_files: i
 
 def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, ...]] | None,
                         records_after: int = 0, callbacks: bool = True,
-                        unnamed_side_files: int = 0) -> int:
+                        unnamed_side_files: int = 0, checkpoints: list[str] | None = None,
+                        foreign: tuple[str, ...] = ()) -> int:
     """A recovered run's whole outcome equals the uninterrupted reference's (R-RESUME-1):
 
-    - every checkpoint of the run (`*.pt`: last.pt and each step file) exists in the
-      reference and holds the same state (`assert_training_state_equal`: every tensor, the
+    - every checkpoint of the run (`*.pt`: last.pt and each step file; or the names in
+      `checkpoints`, where the runs save at other intervals) exists in the reference and
+      holds the same state (`assert_training_state_equal`: every tensor, the
       per-rank state, the metrics carried along and, unless `callbacks=False`, callbacks);
     - metrics.jsonl without `time/` keys equals the reference's records beyond
       `records_after` (0: the whole history, as for a run continued in place; the resume's
@@ -158,11 +160,11 @@ def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, .
       implies: a `("rolled_back", step, records)` wherever records were past the snapshot,
       then `("resumed", step)`); None where random kills make them unpredictable (the
       caller checks them); in every case `assert_rolled_back_records`;
-    - no temporary file is left.
+    - no temporary file is left (but the `foreign` ones a test put there itself).
 
     Returns the number of tensors compared.
     """
-    names = sorted(p.name for p in run.glob("*.pt"))
+    names = sorted(p.name for p in run.glob("*.pt")) if checkpoints is None else checkpoints
     assert "last.pt" in names, f"{run}: no last.pt"
     count = 0
     for name in names:
@@ -178,7 +180,8 @@ def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, .
         summary = event_summary(run)
         assert summary == events, f"run.json events {summary}, expected {events}"
     assert_rolled_back_records(run, reference, unnamed_side_files)
-    leftovers = sorted(p.name for p in run.iterdir() if p.name.endswith(".tmp"))
+    leftovers = sorted(p.name for p in run.iterdir()
+                       if p.name.endswith(".tmp") and p.name not in foreign)
     assert not leftovers, leftovers
     return count
 

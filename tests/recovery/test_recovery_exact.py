@@ -43,6 +43,9 @@ def _check_resumed(run_a: Path, resumed: Path, world_size: int) -> None:
 
 def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: Path,
                                                            tmp_path: Path) -> None:
+    """Catches any state restored inexactly (rank 0's streams on every rank, a lost
+    sampler position, optimizer counter, ...), records after 100 that differ, an event
+    written into the fresh destination, and a source run that is touched."""
     run_a = sl_ddp_two_workers
     before = snapshot_dir(run_a)
     ranks = read_checkpoint(run_a / "step_100.pt")["payload"]["ranks"]
@@ -61,6 +64,7 @@ def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: P
 
 def test_one_process_resume_from_step_100_is_bitwise_exact(sl_ddp_one_process: Path,
                                                            tmp_path: Path) -> None:
+    """As the two-worker test, in one process."""
     run_a = sl_ddp_one_process
     before = snapshot_dir(run_a)
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "resumed")

@@ -251,6 +251,8 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
 
 def test_damaged_last_pt_falls_back_to_the_newest_good_step_file(reference: Path,
                                                                  tmp_path: Path) -> None:
+    """Catches a damaged last.pt not set aside (and recorded), records past step_200.pt
+    not rolled back with their count, and any inexact state after the fall-back."""
     run = _copy_without_steps_after(reference, tmp_path / "run", 200)
     data = (run / "last.pt").read_bytes()
     (run / "last.pt").write_bytes(data[: len(data) // 2])  # torn by a crash

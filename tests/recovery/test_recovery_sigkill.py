@@ -77,6 +77,9 @@ def _verify(directory: Path, reference: dict[int, dict], fresh: bool, cache: dic
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_leaves_everything_readable(tmp_path: Path) -> None:
+    """Catches a checkpoint, run.json or metrics.jsonl left unreadable by a kill, and a
+    surviving checkpoint whose state (learner, every rank, run.metrics, callbacks) is not
+    the uninterrupted run's at its step."""
     recipe = write_recipe(tmp_path / "every_update.yaml", tmp_path / "unused",
                           **{"trainer.max_updates": 1_000_000, "trainer.save_every": 1,
                              "trainer.log_every": 1, "trainer.validate_every": 0})
@@ -201,6 +204,9 @@ WINDOWS = {
 @pytest.mark.parametrize("window", list(WINDOWS))
 def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         short_reference: Path, tmp_path: Path, window: str) -> None:
+    """Catches a resume that does not roll back the records past the snapshot (e.g.
+    `resume_policy.roll_back` returning at once: metrics.jsonl then reads 1..5, 5, 6, ..)
+    or does not record it (no `rolled_back` event with the count), and any inexact state."""
     run = tmp_path / "run"
     keep = {"trainer.keep_last": 2} if "keep_last" in window else {}
     recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT, **keep)
@@ -226,6 +232,8 @@ def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
 
 def test_sigkill_inside_a_run_json_update_leaves_it_whole(short_reference: Path,
                                                           tmp_path: Path) -> None:
+    """Catches a run.json update that is not atomic, and (as the window test) a resume
+    afterwards that is inexact in any checkpoint, record or event."""
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
     _killed(["train-sl", "--config", str(recipe), "--no-progress"],

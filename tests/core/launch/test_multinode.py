@@ -90,6 +90,8 @@ def reference(restart_reference: Path) -> Path:
 @pytest.mark.parametrize("rdzv", ["static", "c10d"])
 def test_two_nodes_train_exactly_like_one_node(rdzv: str, reference: Path, tmp_path: Path
                                                ) -> None:
+    """Catches any difference from one node in a checkpoint, a record or an event, and a
+    node without rank 0 that writes anything."""
     cwds = _nodes(tmp_path)
     for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml", rdzv=rdzv):
         assert_ok(proc)
@@ -103,7 +105,9 @@ def test_two_nodes_train_exactly_like_one_node(rdzv: str, reference: Path, tmp_p
 def test_after_a_sigkill_of_node_1s_worker_resume_ckpt_and_resume_run_dir_continue_exactly(
         reference: Path, tmp_path: Path) -> None:
     """Without restarts the job dies; both ways to continue work, on both nodes, although
-    only node 0 holds the run directory and its checkpoints."""
+    only node 0 holds the run directory and its checkpoints. Catches an in-place resume
+    that does not roll back the record past the snapshot (or does not record it as a
+    `rolled_back` event of 1 record) and any inexact state of either continuation."""
     cwds = _nodes(tmp_path)
     kills = [{"id": "node1", "rank": 1, "update": 135}]
     env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_KILLS=json.dumps(kills),
@@ -131,6 +135,8 @@ def test_after_a_sigkill_of_node_1s_worker_resume_ckpt_and_resume_run_dir_contin
 
 def test_resume_auto_survives_a_sigkill_of_node_1s_worker(reference: Path, tmp_path: Path
                                                          ) -> None:
+    """Catches a restart that does not continue exactly from update 120 (one `resumed`
+    event, nothing to roll back, every checkpoint and record the reference's)."""
     cwds = _nodes(tmp_path)
     kills = [{"id": "node1", "rank": 1, "update": 130}]
     env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_KILLS=json.dumps(kills),
@@ -175,6 +181,8 @@ def test_resume_auto_refuses_when_only_another_node_has_the_run(reference: Path,
 
 def test_self_launch_matches_torchrun_and_reports_refusals_once(reference: Path,
                                                                 tmp_path: Path) -> None:
+    """Catches a self-launched run that differs from torchrun's in any checkpoint, record
+    or event, and a refusal reported more than once."""
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     env = worker_env(PYTHONPATH=str(FACTORIES))
