@@ -212,8 +212,9 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
         how: str, reference: Path, tmp_path: Path) -> None:
     """Catches a rank that does not stop, or exits with another code than 130 / 143 (each
     worker's own code is recorded by tests/scripts/exit_code_recorder.py: for SIGINT to
-    torchrun its report shows none), a snapshot not of the stop update, and an inexact
-    resume (`assert_same_outcome`: nothing to roll back, one `resumed` event)."""
+    torchrun its report shows none, and a worker slower to exit than the other would show
+    torchrun's SIGTERM), a snapshot not of the stop update, and an inexact resume
+    (`assert_same_outcome`: nothing to roll back, one `resumed` event)."""
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     codes = tmp_path / "codes"
@@ -224,7 +225,8 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
         if how == "SIGINT to torchrun":
             proc.send_signal(signal.SIGINT)
         else:
-            os.kill(_worker(proc.pid, 1), signal.SIGTERM)
+            (worker,) = _children(_worker(proc.pid, 1))  # under exit_code_recorder
+            os.kill(worker, signal.SIGTERM)
     finally:
         out, err = proc.communicate(timeout=120)
     name, code = ("SIGINT", 130) if how == "SIGINT to torchrun" else ("SIGTERM", 143)
