@@ -230,7 +230,7 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
     finally:
         out, err = proc.communicate(timeout=120)
     name, code = ("SIGINT", 130) if how == "SIGINT to torchrun" else ("SIGTERM", 143)
-    assert proc.returncode == 1, err  # torchrun's own code when it was interrupted / failed
+    assert proc.returncode == 1, f"torchrun exited {proc.returncode}\n{err}"  # interrupted / failed
     assert {p.name: p.read_text() for p in codes.iterdir()} == {
         "exit_rank0": str(code), "exit_rank1": str(code)}, err  # each worker's own code
     stopped = read_checkpoint(run / "last.pt")["manifest"]["step"]
