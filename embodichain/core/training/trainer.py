@@ -39,9 +39,13 @@ from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
-from embodichain.core.training.learner import Learner, Precision
+from embodichain.core.training.ema import validation_models
+from embodichain.core.training.learner import Learner
+from embodichain.core.training.micro_batches import MicroBatches
 from embodichain.core.training.nonfinite import finite_values, stop_message
 from embodichain.core.training.objective import Objective
+from embodichain.core.training.param_groups import ParamGroups
+from embodichain.core.training.precision import Precision, check_precision
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -81,7 +85,8 @@ class SupervisedTrainer:
         device: torch.device,
         evaluate: Evaluate | None = None,
         callbacks: Sequence[ValidationCallback] = (),
-        precision: Precision = "fp32",
+        precision: Precision | None = None,
+        param_groups: ParamGroups | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -93,9 +98,18 @@ class SupervisedTrainer:
             # `trainer.save_best: true`: keep best.pt by validation/mse. Appended last, so the
             # factory's own callbacks keep their checkpoint keys whether or not it is on.
             self.callbacks.append(SaveBest())
+        # `precision=` is the factory argument from before `trainer.precision`: it may only agree.
+        if precision is not None and precision != config.trainer.precision:
+            raise ValueError(f"SupervisedTrainer(precision={precision!r}) differs from the "
+                             f"recipe's trainer.precision: {config.trainer.precision}")
+        check_precision(config.trainer.precision, device)
+        t = config.trainer
         self.learner = Learner(model, config.optimizer, config.scheduler,
-                               config.trainer.max_updates, device, precision)
-        self.sampler = ReplacementSampler(len(source), config.trainer.batch_size,
+                               config.trainer.max_updates, device, t.precision,
+                               param_groups=param_groups, compile=t.compile,
+                               ema_decay=t.ema.decay if t.ema is not None else None)
+        # An update draws all its K * batch_size indices at once (R-LOOP-1).
+        self.sampler = ReplacementSampler(len(source), t.batch_size * t.grad_accumulation,
                                           config.seed, dist_utils.rank())
         self.step = 0
         self.run: RunContext | None = None
@@ -163,15 +177,21 @@ class SupervisedTrainer:
             f"{resume_command(directory, dist_utils.world_size())}",
             EXIT_CODES[signum])
 
-    def _next_batch(self) -> dict[str, torch.Tensor]:
-        batch = self.source.gather(self.sampler.next_indices())
+    def _next_batch(self) -> MicroBatches:
+        """The update's micro-batches (one unless `trainer.grad_accumulation`), gathered
+        lazily, one at a time."""
+        return MicroBatches(self.sampler.next_indices(), self.config.trainer.batch_size,
+                            self._gather)
+
+    def _gather(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch = self.source.gather(indices)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
         record = {f"train/{k}": v for k, v in summary.items() if k not in ("skipped", "stop")}
-        record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record["train/lr"] = self.learner.lr
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
@@ -231,14 +251,18 @@ class SupervisedTrainer:
                                        f"validation failed on rank 0 at update {self.step}")
 
     def _evaluate(self) -> dict[str, float]:
-        model = self.learner.model
         start = time.perf_counter()
-        with preserved_rng(self.device), torch.no_grad():
-            model.eval()
-            try:
-                metrics = {k: float(v) for k, v in self.evaluate(model, self.device).items()}
-            finally:
-                model.train()
+        metrics: dict[str, float] = {}
+        ema = self.config.trainer.ema
+        for model, named in validation_models(self.learner.model, self.learner.ema,
+                                              ema.validate if ema is not None else None):
+            with preserved_rng(self.device), torch.no_grad():
+                model.eval()
+                try:
+                    metrics.update(named({k: float(v) for k, v in
+                                          self.evaluate(model, self.device).items()}))
+                finally:
+                    model.train()
         metrics["time/validation_s"] = time.perf_counter() - start
         return metrics
 
