@@ -73,6 +73,9 @@ class SupervisedTrainer:
 
     A factory builds it from the validated recipe; the framework attaches a run directory
     and calls `fit()` on every rank.
+    `param_groups` (optional): `[{"params", "lr_scale", "weight_decay", "name"}, ...]`,
+    parameter groups with their own learning-rate scale and weight decay (R-LOOP-3; see
+    core/training/param_groups.py).
     """
 
     def __init__(
