@@ -9,6 +9,7 @@ import typer
 from embodichain.cli import (
     config_cmd,
     examples,
+    export_cmd,
     factories_cmd,
     init_cmd,
     inspect_cmd,
@@ -49,6 +50,7 @@ def _options(
 train_cmd.register(app)
 config_cmd.register(app)
 inspect_cmd.register(app)
+export_cmd.register(app)
 factories_cmd.register(app)
 init_cmd.register(app)
 report_cmd.register(app)
@@ -62,5 +64,26 @@ for _info in app.registered_commands:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    Output still buffered when the command returns is flushed here, so that a reader that
+    went away (`embodichain runs --json | head`) ends the command quietly (exit 1, as rich
+    and click end it) instead of with "Exception ignored ... BrokenPipeError". SIGPIPE itself
+    stays ignored: a training run must never die because its stdout was closed.
+    """
+    import sys
+
+    from embodichain.cli.common import BROKEN_PIPE, quiet_stdout
+
+    try:
+        app()
+    except SystemExit as exit_:
+        code = exit_.code
+    else:
+        code = 0
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        quiet_stdout()
+        code = BROKEN_PIPE
+    sys.exit(code)

@@ -273,8 +273,10 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     result["problems"] += _destination_problems(current, checkpoint, run, step)
     world_size = data["manifest"].get("world_size")
     result["conditions"] = [
-        f"launch with {world_size} worker(s) (torchrun --nproc-per-node={world_size}); exact "
-        "recovery needs the checkpoint's world size",
+        (f"launch with {world_size} workers (torchrun --nproc-per-node={world_size}, or "
+         f"--nproc-per-node {world_size})" if isinstance(world_size, int) and world_size > 1
+         else "launch one process, without torchrun") + "; exact recovery needs the "
+        "checkpoint's world size",
         f"the factory's data must have source identity {run.get('source_identity')} "
         "(checked at launch)",
     ]

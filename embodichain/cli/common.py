@@ -52,6 +52,9 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
                                                 str(exc)))
         record_error(str(exc))
         raise typer.Exit(exc.exit_code) from None
+    except BrokenPipeError:  # e.g. `embodichain runs --json | head`: the reader is gone
+        quiet_stdout()
+        raise typer.Exit(BROKEN_PIPE) from None
     except KeyboardInterrupt:
         rank = env_rank()
         message = "interrupted at once (a second Ctrl-C): no snapshot was written for the " \
@@ -70,6 +73,20 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         print(f"{prefix}error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         record_error(f"{type(exc).__name__}: {exc}")
         raise typer.Exit(1) from None
+
+
+# The exit code when stdout's reader went away: 1, silently, as rich (tables) and click
+# (echo) already end such a command, so every command ends the same way.
+BROKEN_PIPE = 1
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null once its reader is gone, so that no later write or the
+    interpreter's final flush raises BrokenPipeError again ("Exception ignored ...")."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def record_error(message: str) -> None:

@@ -24,6 +24,10 @@ EXAMPLES: dict[str, list[str]] = {
         "embodichain inspect-checkpoint outputs/sl_ddp_cpu/last.pt --config cpu.yaml  "
         "# exit 0: may resume, 1: may not",
     ],
+    "export": [
+        "embodichain export outputs/sl_ddp_cpu/last.pt model.pt",
+        "embodichain export outputs/sl_ddp_cpu model_ema.pt --ema  # a run with trainer.ema",
+    ],
     "list-factories": [
         "embodichain list-factories",
         "embodichain list-factories | grep sl_ddp",

@@ -19,8 +19,8 @@ def list_factories(
     with reported_errors(debug):
         from rich.console import Console
         from rich.markup import escape
-        from rich.table import Table
 
+        from embodichain.cli.tables import print_rows
         from embodichain.core.recipe.discovery import (
             ENTRY_POINT_GROUP,
             check_factory,
@@ -36,19 +36,15 @@ def list_factories(
         if not infos:
             console.print(f"No factories registered in entry-point group {ENTRY_POINT_GROUP}.")
             return
-        table = Table(title=f"Recipe factories (entry-point group {ENTRY_POINT_GROUP})")
-        table.add_column("name", no_wrap=True)
-        table.add_column("target", overflow="fold")
-        table.add_column("distribution", overflow="fold")
-        table.add_column("version", no_wrap=True)
-        table.add_column("status", no_wrap=True)
-        table.add_column("example recipe", no_wrap=True)  # `embodichain init NAME FILE`
-        for info in infos:
-            status = "[green]ok[/]" if info.error is None else "[red]broken[/]"
-            table.add_row(escape(info.name), escape(info.target),
-                          escape(info.distribution or "-"), escape(info.version or "-"), status,
-                          f"init {escape(info.name)}" if info.name in recipes else "-")
-        console.print(table)
+        headers = ("name", "target", "distribution", "version", "status",
+                   "example recipe")  # `embodichain init NAME FILE`
+        rows = [[escape(info.name), escape(info.target), escape(info.distribution or "-"),
+                 escape(info.version or "-"),
+                 "[green]ok[/]" if info.error is None else "[red]broken[/]",
+                 f"init {escape(info.name)}" if info.name in recipes else "-"]
+                for info in infos]
+        print_rows(console, f"Recipe factories (entry-point group {ENTRY_POINT_GROUP})",
+                   headers, rows)
         # The reasons go below the table: they are long, and a narrow column mangles them.
         for info in infos:
             if info.error is not None:

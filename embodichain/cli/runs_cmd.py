@@ -18,12 +18,12 @@ def runs(
     = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """List runs: id, factory, world size, state, newest snapshot, last validation/mse."""
+    """List runs: id, factory, world size, state, newest snapshot, each run's best metric."""
     with reported_errors(debug):
         from rich.console import Console
         from rich.markup import escape
-        from rich.table import Table
 
+        from embodichain.cli.tables import print_rows
         from embodichain.core.errors import UsageError
         from embodichain.core.runs.table import describe_run, find_runs
 
@@ -35,22 +35,25 @@ def runs(
             print(json.dumps([row.as_json() for row in rows], indent=2))
             return
         console = Console()
+        if not console.is_terminal:  # piped: whole lines, for grep and scripts
+            console = Console(width=10_000)
         if not rows:
             console.print(f"No runs below {escape(str(root))} (no run.json found).")
             return
-        table = Table(title=f"Runs below {escape(str(root))}")
-        for name in ("directory", "run id", "factory", "world", "state", "snapshot",
-                     "validation/mse", "modified"):
-            table.add_column(name, overflow="fold")
+        headers = ("directory", "run id", "factory", "world", "state", "snapshot",
+                   "metric (last)", "modified")
+        cells = []
         for row in rows:
-            color = {"running": "cyan", "finished": "green"}.get(row.state, "yellow")
-            mse = f"{row.validation_mse:.4g}" if row.validation_mse is not None else "-"
-            table.add_row(escape(row.directory), escape((row.run_id or "-")[:12]),
+            color = {"running": "cyan", "finished": "green",
+                     "stopped_early": "green"}.get(row.state, "yellow")
+            last = f"{row.metric_last:.4g}" if row.metric_last is not None else "-"
+            metric = f"{row.metric} {last}"  # each run its own metric (R-MET-1)
+            cells.append([escape(row.directory), escape((row.run_id or "-")[:12]),
                           escape(row.factory or "-"), str(row.world_size or "-"),
                           f"[{color}]{escape(row.state_text)}[/]",
                           str(row.snapshot_step) if row.snapshot_step is not None else "-",
-                          mse, row.modified)
-        console.print(table)
+                          escape(metric), row.modified])
+        print_rows(console, f"Runs below {escape(str(root))}", headers, cells)
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,19 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run" / "step_2.pt"
 
 
+def a_png(tmp: Path) -> Path:
+    path = tmp / "mine.png"
+    path.write_bytes(b"not embodichain's")
+    return path
+
+
+def truncated(checkpoint: Path, tmp: Path) -> Path:
+    path = tmp / "truncated.pt"
+    data = checkpoint.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
 Args = Callable[[Path, Path], list[str]]  # (tmp, checkpoint) -> command line
 
 # (id, command line, exit code, what the message must name; "{tmp}" is the test's directory)
@@ -99,6 +112,48 @@ CASES: list[tuple[str, Args, int, list[str]]] = [
     ("inspect-config-directory",
      lambda t, c: ["inspect-checkpoint", str(c), "--config", str(t)],
      2, ["{tmp}", "is a directory"]),
+    # Issue 17: numbers beyond what the code can use, an empty output_dir.
+    ("batch-size-1e21",
+     lambda t, c: ["train-sl", "-c", recipe(t, ("batch_size: 32",
+                                                "batch_size: 1000000000000000000000")),
+                   "--no-progress"],
+     2, ["trainer.batch_size", "at most 2147483647", "1000000000000000000000"]),
+    ("max-updates-beyond-int64",
+     lambda t, c: ["validate-config", recipe(t), "--set",
+                   "trainer.max_updates=9223372036854775808"],
+     2, ["trainer.max_updates", "at most 9223372036854775807", "64-bit"]),
+    ("seed-below-int64",
+     lambda t, c: ["validate-config", recipe(t, ("seed: 0", "seed: -9223372036854775809"))],
+     2, ["seed", "at least -9223372036854775808"]),
+    ("output-dir-empty",
+     lambda t, c: ["validate-config", recipe(t), "--set", "trainer.output_dir="],
+     2, ["trainer.output_dir", "current directory", "--set trainer.output_dir="]),
+    # report: a suffix that is not the format's, an existing file
+    ("report-out-txt",
+     lambda t, c: ["report", str(c.parent), "--out", str(t / "x.txt")],
+     2, ["x.txt", ".png", ".html"]),
+    ("report-html-as-png",
+     lambda t, c: ["report", str(c.parent), "--format", "html", "--out", str(t / "x.png")],
+     2, ["x.png", "--format html", ".html"]),
+    ("report-existing-out",
+     lambda t, c: ["report", str(c.parent), "--out", str(a_png(t))],
+     2, ["mine.png", "exists", "--force"]),
+    # export: nothing overwritten, no EMA invented, no file named like a checkpoint
+    ("export-existing-out",
+     lambda t, c: ["export", str(c), str(a_file(t))],
+     2, ["notes.txt", "exists", "--force"]),
+    ("export-ema-missing",
+     lambda t, c: ["export", str(c), str(t / "model.pt"), "--ema"],
+     2, ["step_2.pt", "no EMA", "without --ema"]),
+    ("export-as-checkpoint-name",
+     lambda t, c: ["export", str(c), str(t / "last.pt")],
+     2, ["last.pt", "checkpoint's name"]),
+    ("export-onto-itself",
+     lambda t, c: ["export", str(c), str(c), "--force"],
+     2, ["step_2.pt", "the checkpoint itself"]),
+    ("export-truncated",
+     lambda t, c: ["export", str(truncated(c, t)), str(t / "model.pt")],
+     2, ["truncated.pt", "corrupt"]),
     ("inspect-config-invalid",
      lambda t, c: ["inspect-checkpoint", str(c), "--config",
                    recipe(t, ("batch_size: 32", "batch_size: false"))],

@@ -57,7 +57,8 @@ def test_running_stopped_and_finished(tmp_path: Path, sl_ddp_one_process: Path,
                if "validation/mse" in r]
         assert (row["state"], row["snapshot_step"], row["world_size"]) == ("finished", 200, world)
         assert row["run_id"] == identity["run_id"] and row["factory"] == "sl_ddp"
-        assert row["validation_mse"] == mse[-1]
+        assert (row["metric"], row["metric_mode"]) == ("validation/mse", "min")
+        assert row["metric_last"] == mse[-1] and row["metric_best"] == min(mse)
 
 
 def test_a_run_cut_short_is_stopped_at_its_last_update(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-from embodichain.core.training import trainer as trainer_module
+from embodichain.core.checkpoint import writer as writer_module
 from embodichain.plugins import sl_ddp
 
 
@@ -58,7 +58,7 @@ def build_supervised_trainer(config, device):
 
     trainer.objective = paced
     if "EMBODICHAIN_TEST_KILLS" in os.environ and rank == 0:
-        write = trainer_module.write_checkpoint
+        write = writer_module.write_checkpoint  # in the background writer's thread, too
 
         def write_then_die(checkpoint, path, *, also_as=None):
             step = checkpoint["manifest"]["step"]
@@ -78,7 +78,7 @@ def build_supervised_trainer(config, device):
             finally:
                 os.replace = real_replace
 
-        trainer_module.write_checkpoint = write_then_die
+        writer_module.write_checkpoint = write_then_die
     return trainer
 
 

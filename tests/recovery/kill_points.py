@@ -11,7 +11,8 @@ this process only, the function that enters the critical window; product code ha
 
 `"rank": R` (default 0) picks the torchrun worker that dies; the others run unchanged. Just
 before dying, the process records what it was about to do in `$EMBODICHAIN_TEST_KILL_MARK`
-(fsynced), so a test can assert that the kill landed inside its window.
+(fsynced), with the thread that was doing it, so a test can assert that the kill landed
+inside its window.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ MARK_ENV = "EMBODICHAIN_TEST_KILL_MARK"
 
 
 def _die(what: dict[str, Any]) -> None:
+    # the thread: a background checkpoint write (trainer.async_save) or the training loop
+    what = {**what, "thread": threading.current_thread().name}
     with open(os.environ[MARK_ENV], "w") as f:
         json.dump(what, f)
         f.flush()

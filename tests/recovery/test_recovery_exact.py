@@ -99,8 +99,8 @@ def test_save_from_validation_callback_completes_and_resumes_exactly(
     assert_training_state_equal(v / f"during_validation_{best_step}.pt", v / "best.pt",
                                 callbacks=False)
     saved_best = best["payload"]["callbacks"]["1:SaveBest"]
-    assert saved_best == {"metric": "validation/mse", "best": validations[best_step],
-                          "best_step": best_step}
+    assert saved_best == {"metric": "validation/mse", "mode": "min",
+                          "best": validations[best_step], "best_step": best_step}
 
     second = write_recipe(tmp_path / "w.yaml", tmp_path / "w", factory=factory,
                           **{"trainer.save_best": True})
@@ -132,8 +132,8 @@ def test_save_best_recipe_key_keeps_best_pt(tmp_path: Path) -> None:
     best_step = min(validations, key=validations.get)
     assert best["manifest"]["step"] == best_step
     assert best["payload"]["callbacks"] == {
-        "0:SaveBest": {"metric": "validation/mse", "best": validations[best_step],
-                       "best_step": best_step}}
+        "0:SaveBest": {"metric": "validation/mse", "mode": "min",
+                       "best": validations[best_step], "best_step": best_step}}
     assert best_step == 40  # validation MSE still falls fast this early
     assert_state_equal(best["payload"]["learner"],
                        read_checkpoint(run / "last.pt")["payload"]["learner"])

@@ -27,7 +27,8 @@ def assert_only_torchruns_traceback(out: str) -> None:
 def test_failed_save_on_rank_zero_stops_every_rank(tmp_path: Path) -> None:
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, factory="recovery_factories:failing_save",
-                          **{"trainer.max_updates": 200})
+                          **{"trainer.max_updates": 200,
+                             "trainer.async_save": False})  # background: test_async_save_*
     start = time.monotonic()
     proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
                         env=factory_env(), timeout=GUARD)

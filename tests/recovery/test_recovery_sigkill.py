@@ -66,8 +66,8 @@ def _verify(directory: Path, reference: dict[int, dict], fresh: bool, cache: dic
     logged = [r["step"] for r in log.records]
     if fresh:  # log_every=1: record N is written just before checkpoint N
         assert logged == list(range(1, len(logged) + 1))
-        if last_step is not None:
-            assert len(logged) in (last_step, last_step + 1)
+        if last_step is not None:  # + 2: update N + 2 ran while save N + 1 was in flight
+            assert len(logged) in (last_step, last_step + 1, last_step + 2)
     return {"checkpoints": len(checkpoints), "compared": sum(
         1 for d in checkpoints.values() if d["manifest"]["step"] in reference)}
 
@@ -246,7 +246,8 @@ def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(tmp_path: Path) -
                          {"at": "capture", "step": K, "rank": 1}, tmp_path / "mark.json",
                          nproc=2)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1 and mark == {"at": "capture", "step": K, "rank": 1}, out
+    assert proc.returncode == 1 and mark == {"at": "capture", "step": K, "rank": 1,
+                                         "thread": "MainThread"}, out
     assert re.search(r"^\s*exitcode\s*:\s*-9\b", out, re.M), out  # rank 1, SIGKILLed
     steps = _readable(run)
     assert steps["last.pt"] == K - 1 and f"step_{K}.pt" not in steps, (steps, out)

@@ -16,6 +16,7 @@ on every load.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import os
 import pickle
@@ -35,7 +36,6 @@ from embodichain.core.errors import (
     CheckpointError,
     UnsafeCheckpointError,
 )
-from embodichain.core.tensor_bytes import tensor_bytes
 
 FORMAT = "embodichain.checkpoint"
 FORMAT_VERSION = 1
@@ -71,7 +71,7 @@ def _feed(h: Any, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         t = value.detach().cpu().contiguous()
         h.update(f"T{t.dtype}{tuple(t.shape)};".encode())
-        h.update(tensor_bytes(t))
+        h.update(_tensor_view(t))
     elif type(value) in (dict, OrderedDict):  # state_dicts are OrderedDicts
         h.update(f"D{len(value)};".encode())
         for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
@@ -93,6 +93,15 @@ def _feed(h: Any, value: Any) -> None:
     else:
         raise TypeError(f"checkpoint payload holds a {type(value).__name__}; only tensors and "
                         "plain Python values are allowed (they load with weights_only=True)")
+
+
+def _tensor_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor without copying them: hashlib then hashes large
+    buffers without holding the GIL, which a background save shares with training."""
+    size = t.numel() * t.element_size()
+    if not size:
+        return memoryview(b"")
+    return memoryview((ctypes.c_char * size).from_address(t.data_ptr())).cast("B")
 
 
 def make_checkpoint(payload: dict[str, Any]) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def from_rank_zero_before_group(key: str, produce: Callable[[], Any]) -> Any:
 
 
 # Object collectives of our own: torch's (broadcast_object_list, gather_object, ...) turn
-# bytes back into objects with Tensor.numpy(), and NumPy is not a dependency. Objects travel
+# bytes back into objects with Tensor.numpy(), and NumPy need not be importable. Objects travel
 # as pickled uint8 tensors, on the device the backend needs (CUDA for NCCL).
 
 

@@ -29,6 +29,7 @@ from embodichain.core.observe.progress import configure_logging, log
 from embodichain.core.observe.summary import Status, print_run_summary
 from embodichain.core.recipe.loading import Recipe
 from embodichain.core.recipe.schema import config_sha256
+from embodichain.core.runs.fresh_claim import ClaimSite, take_back
 from embodichain.core.runs.resume_policy import (
     RunComplete,
     Start,
@@ -68,7 +69,7 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
                     log.info("%s", outcome["complete"])
                 return {}
             _attach_run(trainer, recipe, outcome, device)
-            return _fit_and_summarize(trainer, stop, show_progress)
+            return _fit_and_summarize(trainer, stop, show_progress, outcome.get("claimed"))
         finally:
             trainer.close()
             lock.release()
@@ -83,7 +84,8 @@ def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, A
     metrics = None
     if dist_utils.is_rank_zero():
         metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
-                                       trainer.step if continued else None)
+                                       trainer.step if continued else None,
+                                       identity=outcome["identity"])
     trainer.attach(RunContext(directory, outcome["identity"], metrics))
     if dist_utils.is_rank_zero():
         for note in outcome["notes"]:
@@ -94,12 +96,13 @@ def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, A
                  directory, dist_utils.world_size(), device)
 
 
-def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progress: bool
-                       ) -> dict[str, float]:
+def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progress: bool,
+                       claimed: dict[str, Any] | None = None) -> dict[str, float]:
     """Fit; whatever the end, rank 0 then says what exists and how to continue (R-UX-2).
 
     The error itself is printed after the summary, by the CLI. A closed stdout must not
-    turn a finished run into a failure.
+    turn a finished run into a failure. A freshly `claimed` directory is given back when the
+    run ends before its first update (runs/fresh_claim).
     """
     start_step, started = trainer.step, time.perf_counter()
     status: Status = "failed"
@@ -111,10 +114,22 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
         status = "stopped"
         raise
     finally:
-        if dist_utils.is_rank_zero():
+        if dist_utils.is_rank_zero() and not (
+                status != "finished" and claimed and trainer.step == start_step
+                and _give_back(trainer, claimed)):
             with contextlib.suppress(OSError):
                 print_run_summary(trainer.run_directory, status=status, start_step=start_step,
                                   end_step=trainer.step, wall_s=time.perf_counter() - started)
+
+
+def _give_back(trainer: SupervisedTrainer, claimed: dict[str, Any]) -> bool:
+    """Undo the claim of a run that did no update (rank 0); whether anything was removed."""
+    directory = trainer.run_directory
+    removed = take_back(ClaimSite.from_json(claimed), trainer.run.identity["run_id"])
+    if removed:
+        log.info("the run ended before its first update: removed what it had created in %s "
+                 "(%s), so the same command can start it again", directory, ", ".join(removed))
+    return bool(removed)
 
 
 def _seed_everything(seed: int) -> None:
@@ -177,6 +192,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "versions": versions(recipe),
             "config": recipe.resolved,
             "resumed_from": None,
+            "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)
         prepared = prepare(start, identity, directory, lock, recipe.source)
@@ -188,7 +204,8 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
     except Exception as exc:
         return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
     return ({"identity": prepared.identity, "notes": list(prepared.notes),
-             "continued": prepared.continued, "restore": prepared.payload is not None},
+             "continued": prepared.continued, "restore": prepared.payload is not None,
+             "claimed": prepared.claimed.as_json() if prepared.claimed else None},
             prepared.payload)
 
 

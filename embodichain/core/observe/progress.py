@@ -13,6 +13,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from embodichain.core.recipe.best import DEFAULT_BEST
+
 log = logging.getLogger("embodichain")
 
 
@@ -50,9 +52,9 @@ def _number(value: float | None) -> str:
 class ProgressLine:
     """One status line that fits the console width, its parts in order of importance.
 
-    Always: `update N/total`, `loss`, `val_mse`, `eta`; then, while they fit, `elapsed`, the
-    rate and a bar that takes the rest. Numbers are padded to fixed widths, so the layout (and
-    the bar's width) stays put from one refresh to the next.
+    Always: `update N/total`, `loss`, the best metric (`val_mse`, ...), `eta`; then, while
+    they fit, `elapsed`, the rate and a bar that takes the rest. Numbers are padded to fixed
+    widths, so the layout (and the bar's width) stays put from one refresh to the next.
     """
 
     def __init__(self, reporter: ProgressReporter) -> None:
@@ -71,10 +73,10 @@ class ProgressLine:
                    else f"update {r.step}/{r.total:.3g}")  # 10^18 planned: no 19-digit padding
 
         def essentials(pad: bool) -> list[str]:
-            loss, val = _number(r.loss), _number(r.val_mse)
+            loss, val = _number(r.loss), _number(r.val)
             if pad:
-                return [f"loss {loss:>9}", f"val_mse {val:>9}", f"eta {clock(eta):>7}"]
-            return [f"loss {loss}", f"val_mse {val}", f"eta {clock(eta)}"]
+                return [f"loss {loss:>9}", f"{r.label} {val:>9}", f"eta {clock(eta):>7}"]
+            return [f"loss {loss}", f"{r.label} {val}", f"eta {clock(eta)}"]
 
         # Fixed-width fields first (a steady layout); unpadded only where nothing else fits.
         for pad, sep in ((True, "  "), (True, " "), (False, " ")):
@@ -103,17 +105,19 @@ class ProgressLine:
 
 
 class ProgressReporter:
-    """Shows update N/total, loss, last validation MSE, updates/s, elapsed time and ETA."""
+    """Shows update N/total, loss, the best metric's last value, updates/s, elapsed time and
+    ETA. `label` names that metric (`val_accuracy` for `validation/accuracy`, R-MET-1)."""
 
     def __init__(self, total: int, start: int, enabled: bool, every: int,
-                 console: Console | None = None) -> None:
+                 console: Console | None = None, label: str = DEFAULT_BEST.label) -> None:
         self.total = total
         self.every = every
         self.console = console or Console(stderr=True)
         self.rich = enabled and self.console.is_terminal
         self.plain = enabled and not self.rich
         self.loss = float("nan")
-        self.val_mse: float | None = None
+        self.label = label
+        self.val: float | None = None
         self.step = start
         self._t0 = time.perf_counter()
         self._start = start
@@ -132,12 +136,12 @@ class ProgressReporter:
         return (step - self._start) / elapsed if elapsed > 0 else 0.0
 
     def update(self, step: int, **values: Any) -> None:
-        """Record the latest values; `loss` and `val_mse` are optional."""
+        """Record the latest values; `loss` and `val` (the best metric) are optional."""
         self.step = step
         if "loss" in values:
             self.loss = values["loss"]
-        if "val_mse" in values:
-            self.val_mse = values["val_mse"]
+        if "val" in values:
+            self.val = values["val"]
         if self._live is None and self.plain and not values \
                 and (step % self.every == 0 or step == self.total):
             rate = self.rate(step)
@@ -146,7 +150,7 @@ class ProgressReporter:
                      self._status(step), clock(self.elapsed()), clock(eta))
 
     def _status(self, step: int) -> str:
-        return (f"loss {_number(self.loss)}  val_mse {_number(self.val_mse)}  "
+        return (f"loss {_number(self.loss)}  {self.label} {_number(self.val)}  "
                 f"{self.rate(step):.1f} upd/s")
 
     def close(self) -> None:

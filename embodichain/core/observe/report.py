@@ -1,5 +1,7 @@
-"""Curves of one or more runs (R-OBS-1): `train/loss`, every `validation/*` key and the
-learning rate against the update, one line per run, resume and roll-back points marked.
+"""Curves of one or more runs (R-OBS-1): `train/loss`, every other `train/*` key, every
+`validation/*` key and the learning rate against the update, one line per run, resume and
+roll-back points marked. A panel is on a log axis only when its values are positive and span
+more than two decades; otherwise linear (an accuracy, a loss that barely moves).
 
 Reads only run.json and metrics.jsonl (no torch). Drawing needs matplotlib, the optional
 extra `plot`; its absence is a usage error that names the install command.
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.errors import UsageError
+from embodichain.core.runs.best_record import run_best
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 
 PLOT_HINT = "pip install 'embodichain[plot]'"
@@ -67,11 +70,20 @@ def _unique_tails(paths: list[Path]) -> list[str]:
 
 
 def plotted_keys(runs: list[RunCurves]) -> list[str]:
-    """train/loss, then every validation/* key (validation/mse first), then train/lr."""
+    """train/loss, every other train/* key, every validation/* key (the runs' best metrics
+    first), then train/lr."""
     keys = {k for run in runs for r in run.records for k in r}
+    chosen = {run_best(run.identity).metric for run in runs}
+    train = sorted(k for k in keys if k.startswith("train/") and k not in ("train/loss",
+                                                                          "train/lr"))
     validation = sorted((k for k in keys if k.startswith("validation/")),
-                        key=lambda k: (k != "validation/mse", k))
-    return [k for k in ["train/loss", *validation, "train/lr"] if k in keys]
+                        key=lambda k: (k not in chosen, k))
+    return [k for k in ["train/loss", *train, *validation, "train/lr"] if k in keys]
+
+
+def log_scale(values: list[float]) -> bool:
+    """A log axis only for positive values spanning more than two decades."""
+    return bool(values) and min(values) > 0 and max(values) / min(values) > 100
 
 
 def _pyplot() -> Any:
@@ -87,7 +99,18 @@ def _pyplot() -> Any:
 
 
 def render_png(runs: list[RunCurves]) -> bytes:
-    """The curves as one PNG: a panel per key, a line per run, events as vertical lines."""
+    """The curves as one PNG (see `build_figure`)."""
+    plt = _pyplot()
+    fig = build_figure(runs)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def build_figure(runs: list[RunCurves]) -> Any:
+    """The curves as a matplotlib figure: a panel per key (titled by it), a line per run,
+    events as vertical lines (`gid` names the event). The caller closes it."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
 
@@ -100,7 +123,7 @@ def render_png(runs: list[RunCurves]) -> bytes:
     fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.4 * rows + 0.8), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key in zip(axes.flat, keys, strict=False):
-        positive = True
+        plotted: list[float] = []
         for i, run in enumerate(runs):
             steps, values = run.series(key)
             if not steps:
@@ -108,12 +131,17 @@ def render_png(runs: list[RunCurves]) -> bytes:
             color = colors[i % len(colors)]
             ax.plot(steps, values, color=color, label=run.label,
                     marker="o" if len(steps) <= 12 else None, markersize=3)
-            positive = positive and min(values) > 0
+            plotted += values
             for event in run.events:
                 style = MARKED_EVENTS.get(event.get("event"))
                 if style and isinstance(event.get("step"), int):
-                    ax.axvline(event["step"], color=color, linestyle=style, linewidth=1)
-        if positive and key != "train/lr" and ax.lines:
+                    # A roll-back and the resume after it share their update: the roll-back
+                    # is drawn wider beneath the resume's line, so both stay visible.
+                    wide = event.get("event") == "rolled_back"
+                    ax.axvline(event["step"], color=color, linestyle=style,
+                               linewidth=3.0 if wide else 1.0, alpha=0.6 if wide else 1.0,
+                               zorder=1 if wide else 2, gid=event.get("event"))
+        if log_scale(plotted):
             ax.set_yscale("log")
         ax.set_title(key)
         ax.set_xlabel("update")
@@ -127,10 +155,7 @@ def render_png(runs: list[RunCurves]) -> bytes:
                        label=name.replace("_", " ")) for name in sorted(shown)]
     fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 4), frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.7 / fig.get_figheight()))
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+    return fig
 
 
 def _last(run: RunCurves, key: str) -> str:
@@ -138,11 +163,22 @@ def _last(run: RunCurves, key: str) -> str:
     return f"{values[-1]:.6g} (update {steps[-1]})" if steps else "-"
 
 
+def _metric_text(run: RunCurves) -> str:
+    """The run's own best metric (R-MET-1): its last value and its best, by its direction."""
+    best = run_best(run.identity)
+    steps, values = run.series(best.metric)
+    found = best.best_of(zip(steps, values, strict=True))
+    if found is None:
+        return f"{best.metric}: -"
+    return (f"{best.metric} ({best.mode}): {_last(run, best.metric)}, best {found[0]:.6g} "
+            f"(update {found[1]})")
+
+
 def render_html(runs: list[RunCurves], png: bytes) -> str:
     """One self-contained page: the runs' identities as a table and the figure inline."""
     e = html.escape
     head = ["run", "directory", "run id", "factory", "world size", "created", "config sha256",
-            "last train/loss", "last validation/mse", "resumed from", "events"]
+            "last train/loss", "best metric: last, best", "resumed from", "events"]
     rows = []
     for run in runs:
         ident = run.identity
@@ -153,7 +189,7 @@ def render_html(runs: list[RunCurves], png: bytes) -> str:
         cells = [run.label, str(run.directory), ident.get("run_id") or "-",
                  ident.get("factory") or "-", ident.get("world_size", "-"),
                  ident.get("created_at") or "-", str(ident.get("config_sha256") or "-")[:16],
-                 _last(run, "train/loss"), _last(run, "validation/mse"), resumed_text,
+                 _last(run, "train/loss"), _metric_text(run), resumed_text,
                  events or "-"]
         rows.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
     image = base64.b64encode(png).decode("ascii")

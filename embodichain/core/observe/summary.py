@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
-from embodichain.core.runs.facts import checkpoint_step, command_for, snapshot_names
+from embodichain.core.recipe.best import DEFAULT_BEST, Best
+from embodichain.core.runs.best_record import run_best, stopped_early_event, stopped_early_text
+from embodichain.core.runs.facts import (
+    checkpoint_step,
+    command_for,
+    planned_updates,
+    snapshot_names,
+)
 from embodichain.core.runs.run_dir import METRICS, read_metrics, read_run_json
 
 Status = Literal["finished", "stopped", "failed", "refused"]
@@ -23,7 +30,7 @@ Status = Literal["finished", "stopped", "failed", "refused"]
 
 @dataclass
 class Figure:
-    """One metric over a run: its last value and, for validation, its lowest."""
+    """One metric over a run: its last value and, for the best metric, its best."""
 
     key: str
     final: float
@@ -43,14 +50,15 @@ class RunFacts:
     last_step: int | None = None  # newest step in metrics.jsonl
     figures: list[Figure] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)  # step files by step, then last/best
+    best: Best = DEFAULT_BEST
+    stopped_early: dict[str, Any] | None = None  # run.json's stopped_early event, if last
 
 
-def metric_figures(records: list[Mapping[str, Any]]) -> list[Figure]:
-    """`train/loss` and every `validation/*` key: final value and, for validation, the best.
-
-    Every validation figure the framework writes is an error (lower is better), so the best
-    is the lowest; ties keep the earliest update.
-    """
+def metric_figures(records: list[Mapping[str, Any]], best: Best = DEFAULT_BEST
+                   ) -> list[Figure]:
+    """`train/loss` and every `validation/*` key: the final value and, for the run's best
+    metric (R-MET-1), the best in its direction (ties keep the earliest update). Nothing
+    says which way the other keys are better, so they get no "best"."""
     figures: dict[str, Figure] = {}
     for record in records:
         step = record.get("step")
@@ -66,7 +74,7 @@ def metric_figures(records: list[Mapping[str, Any]]) -> list[Figure]:
             if fig is None:
                 fig = figures[key] = Figure(key, value, step)
             fig.final, fig.final_step = value, step
-            if key.startswith("validation/") and (fig.best is None or value < fig.best):
+            if key == best.metric and best.improves(value, fig.best):
                 fig.best, fig.best_step = value, step
     return sorted(figures.values(), key=lambda f: (f.key != "train/loss", f.key))
 
@@ -80,11 +88,12 @@ def read_run_facts(directory: Path) -> RunFacts:
         identity = {}
     facts.run_id = identity.get("run_id")
     facts.world_size = identity.get("world_size")
-    trainer = (identity.get("config") or {}).get("trainer") or {}
-    facts.max_updates = trainer.get("max_updates")
+    facts.max_updates = planned_updates(identity)  # raised by a resume's --set, if so
+    facts.best = run_best(identity)
+    facts.stopped_early = stopped_early_event(identity)
     log = read_metrics(directory / METRICS)
     facts.last_step = log.last_step
-    facts.figures = metric_figures(log.records)
+    facts.figures = metric_figures(log.records, facts.best)
     facts.snapshots = snapshot_names(directory) if directory.is_dir() else []
     return facts
 
@@ -102,6 +111,8 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
             "stopped": f"{run} stopped at update {end}{of}",
             "failed": f"{run} failed" + (f" at update {end}{of}" if end is not None else ""),
             "refused": f"{run}: nothing was started"}[status]
+    if status == "finished" and facts.stopped_early is not None:
+        head = f"{run} {stopped_early_text(facts.stopped_early)}"
     lines = [head + (f": {reason}" if reason else "")]
     w = max([11] + [len(fig.key) for fig in facts.figures])
 
@@ -128,7 +139,12 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
         (n for n in reversed(facts.snapshots) if n.startswith("step_")), None)
     if newest is not None:
         row("inspect", f"embodichain inspect-checkpoint {d}/{newest}")
-    if status == "finished":
+    if status == "finished" and facts.stopped_early is not None:
+        patience = facts.stopped_early.get("patience")
+        more = 2 * patience if isinstance(patience, int) else "N"
+        row("train on", command_for(f"resume {d} --set trainer.early_stop.patience={more}",
+                                    facts.world_size))
+    elif status == "finished":
         more = 2 * (end or facts.max_updates or 0) or "N"
         row("train on", command_for(f"resume {d} --set trainer.max_updates={more}",
                                     facts.world_size))

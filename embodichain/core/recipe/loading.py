@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
+from embodichain.core.recipe.limits import framework_limit_problems
 from embodichain.core.recipe.messages import (
     allows_none,
     annotation_at,
@@ -252,7 +253,9 @@ def check_recipe(raw: Mapping[str, Any], source: str | None = None,
         problems.append(f"factory: {factory_problem}")
     raw = apply_overrides(raw, overrides, schema)
 
-    strict = strict_value_problems(schema, raw)
+    strict = strict_value_problems(schema, raw) + framework_limit_problems(raw)
+    if factory is not None and getattr(factory, "config_schema", None) is None:
+        strict += _no_schema_problems(raw, str(factory_ref))
     if factory is None:
         # Still check the framework's own sections, so that every problem shows at once.
         framework_part = {k: v for k, v in raw.items() if k in FrameworkConfig.model_fields}
@@ -270,6 +273,15 @@ def check_recipe(raw: Mapping[str, Any], source: str | None = None,
             problems += strict
     problems = _mark_overrides(_dedupe(problems), _parse_overrides(overrides)[0])
     return RecipeCheck(None, problems, raw, factory_problem)
+
+
+def _no_schema_problems(raw: Mapping[str, Any], factory_ref: str) -> list[str]:
+    """A section of the recipe's own for a factory that declares no schema: say that, not
+    `model: unknown key` (which reads as a typo in the recipe)."""
+    return [f"{key}: factory '{factory_ref}' has no config_schema, so it takes no `{key}` "
+            "section; declare the factory's sections (`build_supervised_trainer.config_schema "
+            "= MyRecipe`, a Section or dataclass: see the README's 'Writing a factory')"
+            for key in raw if key not in FrameworkConfig.model_fields]
 
 
 def resolve_framework_part(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,8 +29,11 @@ from pydantic import (
     StrictInt,
     StrictStr,
     create_model,
+    field_validator,
     model_validator,
 )
+
+from embodichain.core.recipe.logger_names import check_logger_name
 
 # Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
 # value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
@@ -57,6 +61,32 @@ with warnings.catch_warnings():  # `validate` is the recipe's word; pydantic's o
         decay: float = Field(gt=0.0, lt=1.0)
         validate: Literal["model", "ema", "both"] = "ema"
         """Which weights validation evaluates; `both` logs the EMA's as `validation_ema/*`."""
+# -- best metric and early stop (R-MET-1, R-MET-2); their use lives in recipe/best.py --
+Mode = Literal["min", "max"]
+
+
+class BestConfig(Section):
+    """`trainer.best`: the metric that matters and which direction is better."""
+
+    metric: StrictStr
+    """A key validation reports, e.g. `validation/accuracy`."""
+    mode: Mode = "min"
+    """`min`: lower is better (an error); `max`: higher is better (an accuracy)."""
+
+    @field_validator("metric")
+    @classmethod
+    def _named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name the metric, e.g. validation/accuracy")
+        return value
+
+
+class EarlyStopConfig(Section):
+    """`trainer.early_stop`: end the run at the validation that makes `patience` in a row
+    without an improvement of the best metric by at least `min_delta`."""
+
+    patience: PositiveInt
+    min_delta: NonNegativeFloat = 0.0
 
 
 class TrainerConfig(Section):
@@ -69,11 +99,12 @@ class TrainerConfig(Section):
     """Write `step_N.pt` every N updates (0: only `last.pt` at the end)."""
     log_every: PositiveInt = 10
     output_dir: str
-    loggers: list[Literal["jsonl", "tensorboard"]] = ["jsonl"]
+    loggers: list[Annotated[StrictStr, AfterValidator(check_logger_name)]] = ["jsonl"]
     """Metric writers on rank 0. metrics.jsonl is always written (it is the record);
-    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`)."""
+    `tensorboard` adds event files in `output_dir/tensorboard` (extra `tensorboard`), `wandb`
+    a Weights & Biases run (extra `wandb`); third parties register more (R-OBS-3)."""
     save_best: bool = False
-    """Keep `best.pt`, the snapshot with the lowest `validation/mse` so far."""
+    """Keep `best.pt`, the snapshot with the best value so far of `trainer.best`."""
     keep_last: PositiveInt | None = None
     """Keep only the newest N `step_*.pt` files (default: keep all)."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
@@ -88,6 +119,19 @@ class TrainerConfig(Section):
     """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
     compile: bool = False
     """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
+    # Background checkpoint writes and time-based snapshots (R-CKPT-8, R-CKPT-9)
+    async_save: bool = True
+    """Write checkpoints on a background thread of rank 0; training pauses only for the copy
+    of the state into CPU memory (`false`: write in the loop)."""
+    save_every_s: PositiveFloat | None = None
+    """Also write `last.pt` once this many seconds have passed since the last save."""
+    # -- best metric and early stop (R-MET-1, R-MET-2) --
+    best: BestConfig | None = None
+    """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
+    factory's choice (`SupervisedTrainer(best=...)`), else validation/mse, min."""
+    early_stop: EarlyStopConfig | None = None
+    """Stop after `patience` validations without improving the best metric (a snapshot is
+    written; the run counts as complete)."""
 
 
 class OptimizerConfig(Section):
@@ -165,6 +209,13 @@ RESUMABLE_CHANGES = (
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
     "trainer.ema.validate",  # which weights are evaluated, not what is trained
+    # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
+    "trainer.async_save",
+    "trainer.save_every_s",
+    # What counts as best is read off the history, not trained on (R-MET-1); a patience may
+    # only be raised (config_differences refuses a lower one).
+    "trainer.best",
+    "trainer.early_stop.patience",
 )
 
 # Training configuration added after checkpoints existed (R-LOOP-*): a checkpoint whose
@@ -174,6 +225,12 @@ DEFAULTS_OF_LATER_KEYS: dict[str, Any] = {
     "trainer.compile": False, "optimizer.betas": None, "optimizer.eps": None,
     "optimizer.momentum": None, "optimizer.nesterov": False, "optimizer.no_decay": [],
 }
+
+
+def is_resumable_change(key: str) -> bool:
+    """A flattened key (`trainer.best.mode`) that may differ on resume: a listed key or one
+    inside a listed section."""
+    return any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES)
 
 
 def resolved_dict(config: BaseModel) -> dict[str, Any]:

@@ -26,12 +26,19 @@ from typing import Any, Literal
 
 from embodichain.core.checkpoint.file import LAST, check_rank_entries, read_checkpoint, step_files
 from embodichain.core.errors import RefusedError
+from embodichain.core.recipe.best import patience_problems, stopped_early
 from embodichain.core.recipe.schema import (
     DEFAULTS_OF_LATER_KEYS,
-    RESUMABLE_CHANGES,
     flatten_keys,
+    is_resumable_change,
 )
-from embodichain.core.runs.facts import checkpoint_step, fresh_command, resume_command
+from embodichain.core.runs.facts import (
+    checkpoint_step,
+    command_for,
+    fresh_command,
+    resume_command,
+)
+from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
 from embodichain.core.runs.run_dir import (
     METRICS,
     RUN_JSON,
@@ -70,6 +77,7 @@ class Prepared:
     payload: dict[str, Any] | None = None
     continued: bool = False  # resumed (from a snapshot, or an earlier run restarted at 0)
     notes: tuple[str, ...] = ()
+    claimed: ClaimSite | None = None  # a fresh claim: what the directory held before it
 
 
 class RunComplete(Exception):
@@ -81,14 +89,15 @@ class RunComplete(Exception):
 
 
 def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
-                    identity: Mapping[str, Any]) -> list[str]:
+                    identity: Mapping[str, Any], again: str | None = None) -> list[str]:
     """Each field that forbids resuming `snapshot` (a checkpoint's or run.json's run
-    section) as this run, with both values."""
+    section) as this run, with both values. `again`: the command's arguments (`resume
+    DIR`), so that a world-size mismatch names the launch that fits."""
     problems = []
-    if snapshot.get("world_size") != identity["world_size"]:
-        problems.append(f"world_size: checkpoint {snapshot.get('world_size')}, "
-                        f"this run {identity['world_size']} (exact recovery needs the same "
-                        "number of workers)")
+    if (saved_size := snapshot.get("world_size")) != identity["world_size"]:
+        problems.append(f"world_size: checkpoint {saved_size}, this run "
+                        f"{identity['world_size']} (exact recovery needs the same number of "
+                        f"workers: {_launch_that_fits(saved_size, again)})")
     if snapshot.get("source_identity") != identity["source_identity"]:
         problems.append(f"source identity: checkpoint {snapshot.get('source_identity')}, "
                         f"this run {identity['source_identity']}")
@@ -105,14 +114,27 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
     for key in sorted(set(old) | set(new)):
         a = old.get(key, DEFAULTS_OF_LATER_KEYS.get(key, "<absent>"))
         b = new.get(key, "<absent>")
-        if a == b or key in RESUMABLE_CHANGES:
+        if a == b or is_resumable_change(key):
             continue
         problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+    problems += patience_problems(old, new)
     max_updates = new.get("trainer.max_updates")
     if isinstance(max_updates, int) and max_updates < step:
         problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
                         f"update {step}")
     return problems
+
+
+def _launch_that_fits(world_size: Any, again: str | None) -> str:
+    """How to start `world_size` workers: the whole command when it is known."""
+    if not isinstance(world_size, int):
+        return "launch as the run was launched"
+    if again is not None:
+        return f"launch with {command_for(again, world_size)}"
+    if world_size <= 1:
+        return "launch one process, without torchrun"
+    return (f"launch with torchrun --nproc-per-node={world_size} or with --nproc-per-node "
+            f"{world_size}")
 
 
 def _refuse_differences(what: str, problems: list[str]) -> None:
@@ -141,23 +163,26 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
         assert start.checkpoint is not None
         return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source)
     if start.kind == "in_place":
-        return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot)
+        return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot,
+                         again=f"resume {directory}")
     # auto
     run_json = read_run_json(directory) if directory.is_dir() else None
     if run_json is None:
         if artifacts_in(directory):
             require_fresh(directory)  # refuses, naming what is there
         return _fresh(identity, directory, lock)
-    return _in_place(identity, directory, lock, max_updates)
+    return _in_place(identity, directory, lock, max_updates,
+                     again=f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume auto")
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
     if directory.is_dir():
         refuse_if_locked(directory)
     require_fresh(directory)  # read-only: a refused start creates nothing, not even a lock
+    site = before_claim(directory)
     lock.acquire()
     claim(directory, {**identity, "events": []})
-    return Prepared(identity)
+    return Prepared(identity, claimed=site)
 
 
 def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
@@ -171,19 +196,21 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
         data = read_checkpoint(checkpoint)
     check_rank_entries(data, checkpoint)
     snapshot = Snapshot(checkpoint, data)
+    again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
-                                                         identity))
+                                                         identity, again))
     if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
         lock.acquire()
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
         _refuse_if_complete(snapshot, directory,
-                            int(identity["config"]["trainer"]["max_updates"]))
+                            int(identity["config"]["trainer"]["max_updates"]), identity["config"])
         return _continue(snapshot, identity, directory)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
     prepared = _fresh(identity, directory, lock)
-    return Prepared(prepared.identity, data["payload"], continued=True)
+    return Prepared(prepared.identity, data["payload"], continued=True,
+                    claimed=prepared.claimed)
 
 
 def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict[str, Any],
@@ -195,7 +222,7 @@ def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict
     ways = (f"To continue this run from its newest snapshot, rolling back what came after "
             f"it: {resume_command(directory, identity['world_size'])}. To keep this directory "
             f"as it is, resume into a fresh one: "
-            f"{fresh_command(snapshot.path, directory, config_path)}")
+            f"{fresh_command(snapshot.path, directory, config_path, identity['world_size'])}")
     run_id = snapshot.run.get("run_id")
     if run_id is None:
         raise RefusedError(f"{snapshot.path} carries no run identity, so it cannot continue "
@@ -223,7 +250,7 @@ def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict
 
 
 def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
-              chosen: Snapshot | None = None) -> Prepared:
+              chosen: Snapshot | None = None, again: str | None = None) -> Prepared:
     """Continue the run in `directory` from its newest snapshot, rolling back what came after
     it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
     caller already picked (`resume RUN_DIR` reads its recipe from it)."""
@@ -243,19 +270,23 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
             f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
             f"holds run {run_json.get('run_id')}, so it cannot continue there; nothing "
             "was changed. To continue that snapshot elsewhere: "
-            + fresh_command(snapshot.path, directory))
+            + fresh_command(snapshot.path, directory, world_size=snapshot.run.get("world_size")))
     section = snapshot.run if snapshot is not None else {**run_json, "step": 0}
     _refuse_differences(str(snapshot.path) if snapshot is not None
                         else f"the run in {directory}", resume_problems(section,
                                                                         identity["config"],
-                                                                        identity))
+                                                                        identity, again))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
-        _refuse_if_complete(snapshot, directory, max_updates)
+        _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
     return _continue(snapshot, identity, directory, run_json)
 
 
-def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int) -> None:
+def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
+                        config: Mapping[str, Any]) -> None:
+    if early := stopped_early(snapshot.run, config):  # complete too (R-MET-2)
+        raise RunComplete(f"the run in {directory} is complete: it {early}. Nothing was "
+                          "changed.")
     if snapshot.step >= max_updates:
         raise RunComplete(
             f"the run in {directory} is complete: update {snapshot.step} of "
@@ -288,7 +319,11 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
     resumed = {"event": "resumed", "at": now_iso(), "step": step,
                "checkpoint": snapshot.path.name if snapshot is not None else None,
                "world_size": identity["world_size"],
-               "config_sha256": identity["config_sha256"]}
+               "config_sha256": identity["config_sha256"],
+               # `--set trainer.max_updates=N` may raise it: readers take the newest
+               # (runs/facts.planned_updates), run.json's config stays the one it began with.
+               "max_updates": int(identity["config"]["trainer"]["max_updates"]),
+               "best": identity.get("best")}  # trainer.best may change on resume
     if torn is not None:
         resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from embodichain.core.errors import RefusedError
+from embodichain.core.runs.facts import resume_command
 
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
@@ -51,16 +52,24 @@ def output_dir_problem(directory: Path) -> str | None:
     if found:
         shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
         return (f"trainer.output_dir {directory} already holds a run ({shown}); train-sl "
-                f"would refuse it (continue it with `embodichain resume {directory}`)")
+                f"would refuse it (continue it with `{_continue_command(directory)}`)")
     ancestor = directory
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent
     if ancestor != directory and not ancestor.is_dir():
         return f"trainer.output_dir {directory} cannot be created: {ancestor} is a file"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return (f"trainer.output_dir {directory} cannot be written: no write permission on "
-                f"{ancestor}")
+    # No write-permission check: validate-config checks a recipe, possibly on a read-only
+    # checkout or for another machine; training reports an unwritable directory (exit 2).
     return None
+
+
+def _continue_command(directory: Path) -> str:
+    """`embodichain resume DIR`, launched as the run in `directory` was (its world size)."""
+    try:
+        world_size = (read_run_json(directory) or {}).get("world_size")
+    except RefusedError:  # an unreadable run.json: the plain command
+        world_size = None
+    return resume_command(directory, world_size if isinstance(world_size, int) else None)
 
 
 def unusable_output_dir(directory: Path, exc: OSError, *internal: Path) -> RefusedError:
@@ -82,7 +91,7 @@ def require_fresh(directory: Path) -> None:
             f"trainer.output_dir {directory} already holds a run ({shown}); a fresh run needs "
             f"an artifact-free directory. Choose another one, e.g. "
             f"--set trainer.output_dir={directory}_2, or continue that run with "
-            f"`embodichain resume {directory}`. Nothing was changed."
+            f"`{_continue_command(directory)}`. Nothing was changed."
         )
 
 
@@ -237,6 +246,11 @@ class MetricsWriter:
 
     def sync(self) -> None:
         self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def fsync(self) -> None:
+        """Make durable what `write` has flushed; safe from another thread (the background
+        checkpoint writer), which must never touch the file object's buffer."""
         os.fsync(self._file.fileno())
 
     def close(self) -> None:

@@ -3,7 +3,8 @@
 "Running" comes only from the run's lock (R-RUN-5): a live run's rank 0 holds `flock` on
 `RUN_DIR/.lock`, and the kernel drops it when the process dies. A run without a live lock
 is finished when its newest record or snapshot reached `trainer.max_updates` of its stored
-recipe, and stopped otherwise.
+recipe, stopped early when run.json's last word is an early stop (R-MET-2), and stopped
+otherwise. Each run shows its own best metric (R-MET-1), as run.json records it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from embodichain.core.runs.facts import checkpoint_step, snapshot_names
+from embodichain.core.runs.best_record import run_best, stopped_early_event, stopped_early_text
+from embodichain.core.runs.facts import checkpoint_step, planned_updates, snapshot_names
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 from embodichain.core.runs.run_lock import describe_holder, lock_holder
 
@@ -26,11 +28,16 @@ class RunRow:
     run_id: str | None
     factory: str | None
     world_size: int | None
-    state: str  # running | finished | stopped
+    state: str  # running | finished | stopped_early | stopped
     last_step: int | None  # newest step recorded in metrics.jsonl or a snapshot
     max_updates: int | None
     snapshot_step: int | None
-    validation_mse: float | None
+    metric: str  # the run's best metric (trainer.best), e.g. validation/accuracy
+    metric_mode: str  # min | max
+    metric_last: float | None  # its newest value
+    metric_best: float | None  # its best value, in its direction
+    metric_best_step: int | None
+    stopped_early: dict[str, Any] | None  # run.json's stopped_early event
     modified: str  # newest file time in the directory, local ISO time
     holder: dict[str, Any] | None  # who holds the lock while running
 
@@ -40,6 +47,8 @@ class RunRow:
             return f"running ({describe_holder(self.holder or {})})"
         if self.state == "stopped":
             return f"stopped at update {self.last_step or 0}"
+        if self.state == "stopped_early" and self.stopped_early is not None:
+            return stopped_early_text(self.stopped_early)
         return self.state
 
     def as_json(self) -> dict[str, Any]:
@@ -59,11 +68,15 @@ def describe_run(directory: Path) -> RunRow:
         identity = read_run_json(directory) or {}
     except Exception:
         identity = {}
-    trainer = (identity.get("config") or {}).get("trainer") or {}
-    max_updates = trainer.get("max_updates")
+    max_updates = planned_updates(identity)  # raised by a resume's --set, if so
     records = read_metrics(directory / METRICS).records
     steps = [r["step"] for r in records if isinstance(r.get("step"), int)]
-    mse = [r["validation/mse"] for r in records if "validation/mse" in r]
+    best = run_best(identity)
+    series = [(r["step"], float(r[best.metric])) for r in records
+              if isinstance(r.get("step"), int) and isinstance(r.get(best.metric), int | float)
+              and not isinstance(r.get(best.metric), bool)]
+    best_of = best.best_of(series)
+    early = stopped_early_event(identity)
     snapshot_steps = []
     for name in snapshot_names(directory):
         if name.startswith("step_"):
@@ -77,6 +90,8 @@ def describe_run(directory: Path) -> RunRow:
         state = "running"
     elif isinstance(max_updates, int) and last is not None and last >= max_updates:
         state = "finished"
+    elif early is not None:
+        state = "stopped_early"
     else:
         state = "stopped"
     mtimes = [p.stat().st_mtime for p in directory.iterdir() if p.is_file()]
@@ -85,5 +100,8 @@ def describe_run(directory: Path) -> RunRow:
         directory=str(directory), run_id=identity.get("run_id"),
         factory=identity.get("factory"), world_size=identity.get("world_size"), state=state,
         last_step=last, max_updates=max_updates, snapshot_step=snapshot,
-        validation_mse=float(mse[-1]) if mse else None,
+        metric=best.metric, metric_mode=best.mode,
+        metric_last=series[-1][1] if series else None,
+        metric_best=best_of[0] if best_of else None,
+        metric_best_step=best_of[1] if best_of else None, stopped_early=early,
         modified=modified.isoformat(sep=" ", timespec="seconds"), holder=holder)

@@ -2,10 +2,11 @@
 
 One optimizer update represents `sum_r(w_r * l_r) / sum_r(w_r)` over all ranks. Each rank
 back-propagates its weighted sum `w_r * l_r`; a DDP communication hook appends the local
-`[w_r, w_r * l_r, w_r * m_r..., stop_r]` to every gradient bucket, so a single all-reduce per
-bucket yields the gradient sums, the global weight (which it divides by) and whether any rank
-was asked to stop (R-SIG-1). That is one collective per update instead of the two (weight,
-then gradients) of a hand-written loop, and a stop costs no collective of its own.
+`[w_r, w_r * l_r, w_r * m_r..., stop_r, note_r]` to every gradient bucket, so a single
+all-reduce per bucket yields the gradient sums, the global weight (which it divides by),
+whether any rank was asked to stop (R-SIG-1) and rank 0's note about saves (R-CKPT-8/9).
+That is one collective per update instead of the two (weight, then gradients) of a
+hand-written loop, and a stop costs no collective of its own.
 
 With `trainer.grad_accumulation: K` (R-LOOP-1) an update runs K micro-batches: the first
 K-1 backward passes accumulate locally under DDP's `no_sync`, their statistics are summed,
@@ -30,7 +31,7 @@ from embodichain.core.distributed.process_group import is_distributed
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.core.training.ema import Ema
 from embodichain.core.training.nonfinite import nonfinite_loss
-from embodichain.core.training.objective import LossResult, Objective
+from embodichain.core.training.objective import LossResult, Objective, check_loss_result
 from embodichain.core.training.param_groups import (
     ParamGroups,
     build_optimizer,
@@ -140,6 +141,9 @@ class Learner:
             self.wrapped = self._ddp = ddp
         self.metric_names: list[str] | None = None
         self._stop_flags = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
+        # Rank 0's note to every rank (a time-based save is due, a background save failed:
+        # checkpoint/writer.py), summed by the same all-reduce after the stop flag.
+        self.rank_zero_note = 0.0
 
     @property
     def lr(self) -> float:
@@ -183,7 +187,8 @@ class Learner:
             with (self._ddp.no_sync() if self._ddp is not None and not last
                   else contextlib.nullcontext()):
                 with autocast(self.precision, self.device):
-                    result = objective(self.wrapped, micro_batches[k])
+                    result = check_loss_result(objective(self.wrapped, micro_batches[k]),
+                                               objective)
                 local = self._local_statistics(result)
                 summed = local if summed is None else summed + local
                 if last:
@@ -207,19 +212,24 @@ class Learner:
         return torch.stack([v.reshape(()) for v in values])
 
     def _flags(self, stop: float) -> torch.Tensor:
-        """The flags that ride on the update's all-reduce, summed over ranks: `[stop]`."""
-        flag = (self._stop_flags[stop] if stop in self._stop_flags
-                else torch.tensor(stop, device=self.device))
-        return flag.reshape(1)
+        """The flags that ride on the update's all-reduce, summed over ranks:
+        `[stop, rank_zero_note]`."""
+        note = self.rank_zero_note
+        return torch.stack([
+            self._stop_flags[stop] if stop in self._stop_flags
+            else torch.tensor(stop, device=self.device),
+            self._stop_flags[note] if note in self._stop_flags
+            else torch.tensor(note, device=self.device)])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
         """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
         is 0)."""
-        weight, stop = totals[0], totals[-1]
-        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop)}
+        weight, stop, note = totals[0], totals[-2], totals[-1]
+        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop),
+                   "rank_zero_note": float(note)}
         if weight:
             summary["loss"] = totals[1] / weight
-            for name, value in zip(self.metric_names or [], totals[2:-1], strict=True):
+            for name, value in zip(self.metric_names or [], totals[2:-2], strict=True):
                 summary[name] = value / weight
         return summary
 

@@ -14,10 +14,8 @@ from torch import nn
 from embodichain.core.checkpoint.disk_plan import checkpoint_plan_warning, estimate_checkpoint_bytes
 from embodichain.core.checkpoint.file import (
     LAST,
-    make_checkpoint,
     step_filename,
     step_files,
-    write_checkpoint,
 )
 from embodichain.core.checkpoint.rank_state import (
     capture_buffers,
@@ -25,6 +23,15 @@ from embodichain.core.checkpoint.rank_state import (
     preserved_rng,
     restore_buffers,
     restore_rng,
+)
+from embodichain.core.checkpoint.writer import (
+    SAVE_DUE,
+    SAVE_FAILED,
+    CheckpointWriter,
+    SaveClock,
+    SaveFailure,
+    failure_reason,
+    rank_zero_note,
 )
 from embodichain.core.data.source import ReplacementSampler, Source
 from embodichain.core.distributed import process_group as dist_utils
@@ -36,7 +43,9 @@ from embodichain.core.distributed.stop_request import (
 )
 from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.observe.progress import ProgressReporter, log
+from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.ema import validation_models
@@ -90,6 +99,7 @@ class SupervisedTrainer:
         callbacks: Sequence[ValidationCallback] = (),
         precision: Precision | None = None,
         param_groups: ParamGroups | None = None,
+        best: Best | tuple[str, str] | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -97,10 +107,13 @@ class SupervisedTrainer:
         self.objective = objective
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
+        # R-MET-1: the recipe's trainer.best, else the factory's `best`, else validation/mse.
+        self.best = choose_best(config.trainer, best, evaluate is not None)
+        self.tracker = BestTracker(self.best)
         if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
-            # `trainer.save_best: true`: keep best.pt by validation/mse. Appended last, so the
-            # factory's own callbacks keep their checkpoint keys whether or not it is on.
-            self.callbacks.append(SaveBest())
+            # `trainer.save_best: true`: keep best.pt by the best metric. Appended last, so
+            # the factory's own callbacks keep their checkpoint keys whether or not it is on.
+            self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         # `precision=` is the factory argument from before `trainer.precision`: it may only agree.
         if precision is not None and precision != config.trainer.precision:
             raise ValueError(f"SupervisedTrainer(precision={precision!r}) differs from the "
@@ -118,6 +131,10 @@ class SupervisedTrainer:
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
         self._committed: CommittedState | None = None  # set only while validating
+        # Saves go through one writer (rank 0 writes; in the background unless async_save
+        # is off), also those of validation callbacks (R-CKPT-8, R-VAL-2).
+        self._saves = CheckpointWriter(config.trainer.async_save)
+        self._save_clock = SaveClock(config.trainer.save_every_s)  # R-CKPT-9, rank 0's
 
     @property
     def model(self) -> nn.Module:
@@ -142,14 +159,23 @@ class SupervisedTrainer:
         if dist_utils.is_rank_zero():
             self._warn_about_checkpoint_plan()
         progress = ProgressReporter(t.max_updates, self.step,
-                                    show_progress and dist_utils.is_rank_zero(), t.log_every)
+                                    show_progress and dist_utils.is_rank_zero(), t.log_every,
+                                    label=self.best.label)
+        if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
+            progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
+            self._show_validation(progress, self.last_metrics)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
+        self._save_clock.restart()
         try:
-            while self.step < t.max_updates and not stopping:
+            while self.step < t.max_updates and not stopping and not self.stops_early:
+                self.learner.rank_zero_note = (rank_zero_note(self._saves, self._save_clock)
+                                               if dist_utils.is_rank_zero() else 0.0)
                 summary = self.learner.update(self.objective, self._next_batch(),
                                               stop=stop.flag if stop is not None else 0.0)
                 self.step += 1
                 stopping = signal_of(summary["stop"])
+                if summary["rank_zero_note"] >= SAVE_FAILED:  # a background save failed
+                    self._stop_if_save_failed(self._saves.failure)
                 self._check_finite(summary)
                 if summary["skipped"]:
                     self._record({"train/skipped": 1})
@@ -160,14 +186,30 @@ class SupervisedTrainer:
                 if t.save_every and self.step % t.save_every == 0:
                     self.save(run.directory / step_filename(self.step))
                     saved_at = self.step
+                elif summary["rank_zero_note"] == SAVE_DUE:  # trainer.save_every_s elapsed
+                    self.save(run.directory / LAST)
+                    saved_at = self.step
                 progress.update(self.step)
             if saved_at != self.step:
                 self.save(run.directory / LAST)
+            # The end, a stop signal: the snapshot is complete before anyone is told so.
+            self._stop_if_save_failed(self._saves.settle() if dist_utils.is_rank_zero()
+                                      else None)
         finally:
             progress.close()
+            self._saves.settle()  # every exit path waits for the save in flight (rank 0)
+        if self.stops_early and self.step < t.max_updates and dist_utils.is_rank_zero():
+            log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
+                                                t.early_stop))
         if stopping and self.step < t.max_updates:
             raise self._stopped(stopping)
         return dict(self.last_metrics)
+
+    @property
+    def stops_early(self) -> bool:
+        """Whether `trainer.early_stop` ends the run at this update (R-MET-2)."""
+        early = self.config.trainer.early_stop
+        return early is not None and self.tracker.exhausted(early.patience)
 
     def _stopped(self, signum: int) -> Stopped:
         from embodichain.core.runs.facts import resume_command
@@ -193,7 +235,8 @@ class SupervisedTrainer:
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
-        record = {f"train/{k}": v for k, v in summary.items() if k not in ("skipped", "stop")}
+        record = {f"train/{k}": v for k, v in summary.items()
+                  if k not in ("skipped", "stop", "rank_zero_note")}
         record["train/lr"] = self.learner.lr
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
@@ -219,6 +262,7 @@ class SupervisedTrainer:
             return
         self._record({"train/nonfinite": 1})
         if self.config.trainer.on_nonfinite == "stop":
+            self._saves.settle()  # a snapshot in flight is the last good one: it is named
             # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
             directory = self._require_run().directory if dist_utils.is_rank_zero() else None
             raise TrainingError(stop_message(self.step, summary.get("loss"), directory))
@@ -242,16 +286,29 @@ class SupervisedTrainer:
             try:
                 metrics = self._evaluate()
                 self._record(metrics)
-                progress.update(self.step, val_mse=metrics.get("validation/mse"))
+                self._show_validation(progress, metrics)
+                early = self.config.trainer.early_stop
+                self.tracker.observe(self.step, metrics, early.min_delta if early else 0.0)
                 for callback in self.callbacks:
                     callback.on_validation(self, metrics)
+            except MetricMissing as exc:  # the recipe's mistake: its message, no traceback
+                failure = str(exc)
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 log.exception("validation failed at update %d", self.step)
         self._committed = None
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
-        self._stop_if_rank_zero_failed(failure,
-                                       f"validation failed on rank 0 at update {self.step}")
+        # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
+        outcome = self._stop_if_rank_zero_failed(
+            failure, f"validation failed on rank 0 at update {self.step}",
+            best_tracker=self.tracker.state_dict())
+        self.tracker.load_state_dict(outcome["best_tracker"])
+
+    def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
+                         ) -> None:
+        """The bar's validation field: the best metric's value (R-UX-1, R-MET-1), from a
+        validation's metrics or, after a resume, the ones the checkpoint restored."""
+        progress.update(self.step, val=metrics.get(self.best.metric))
 
     def _evaluate(self) -> dict[str, float]:
         start = time.perf_counter()
@@ -282,25 +339,36 @@ class SupervisedTrainer:
         if self._committed is not None:  # inside a validation callback, rank 0 only
             self._write(self._committed, path, also_last)
             return path
+        # One save in flight at most: rank 0 first waits for the previous one (the others
+        # wait in the capture's gather), which may have failed.
+        failure = self._saves.settle() if dist_utils.is_rank_zero() else None
         committed = self._capture_committed()
-        failure = None
-        if dist_utils.is_rank_zero():
+        if dist_utils.is_rank_zero() and failure is None:
             try:
                 self._write(committed, path, also_last)
-            except OSError as exc:
-                failure = f"{exc.strerror or exc} ({exc.filename or path})"
             except Exception as exc:  # every rank must hear of it, or the others would hang
-                failure = f"{type(exc).__name__}: {exc}"
-        self._stop_if_rank_zero_failed(failure, f"saving checkpoint {path} failed on rank 0")
+                failure = SaveFailure(path, failure_reason(exc, path))
+        self._stop_if_save_failed(failure)
+        if also_last or path.name == LAST:
+            self._save_clock.restart()
         return path
 
-    def _stop_if_rank_zero_failed(self, failure: str | None, what: str) -> None:
-        """Every rank learns whether rank 0 failed; if so, every rank raises TrainingError."""
-        mine = {"failure": failure, **dist_utils.rank_zero_origin()}
+    def _stop_if_save_failed(self, failure: SaveFailure | None) -> None:
+        """Every rank stops, naming the file and the reason, when a save failed on rank 0."""
+        self._stop_if_rank_zero_failed(failure.reason if failure else None,
+                                       failure.what if failure else "")
+
+    def _stop_if_rank_zero_failed(self, failure: str | None, what: str, **shared: Any
+                                  ) -> dict[str, Any]:
+        """Every rank learns whether rank 0 failed; if so, every rank raises TrainingError
+        (with rank 0's `what`: only rank 0 may know which file failed). `shared`: rank 0's
+        values that ride along, returned in the outcome."""
+        mine = {"failure": failure, "what": what, **dist_utils.rank_zero_origin(), **shared}
         outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero() else None)
         if outcome["failure"]:
             dist_utils.wait_for_rank_zero_exit(outcome)
-            raise TrainingError(f"{what}: {outcome['failure']}")
+            raise TrainingError(f"{outcome['what']}: {outcome['failure']}")
+        return outcome
 
     def _capture_committed(self) -> CommittedState:
         own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
@@ -312,19 +380,21 @@ class SupervisedTrainer:
     def _write(self, committed: CommittedState, path: Path, also_last: bool) -> None:
         run = self._require_run()
         payload = {
-            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics)},
+            "run": {**run.identity, "step": committed.step, "metrics": dict(self.last_metrics),
+                    "best_tracker": self.tracker.state_dict()},
             "learner": self.learner.state_dict(),
             "ranks": committed.ranks,
             "callbacks": {key: cb.state_dict() for key, cb in self._keyed_callbacks()
                           if hasattr(cb, "state_dict")},
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_checkpoint(make_checkpoint(payload), path,
-                         also_as=path.parent / LAST if also_last else None)
-        if run.metrics is not None:
-            run.metrics.sync()
-        if also_last:
-            self._apply_retention(path.parent)
+        metrics = run.metrics  # durable up to this step before the snapshot is published;
+        durable = (None if metrics is None  # from the writer's thread: fsync, never write
+                   else metrics.fsync if self._saves.background else metrics.sync)
+        self._saves.write(payload, path, also_as=path.parent / LAST if also_last else None,
+                          before_publish=durable,
+                          after_publish=(lambda: self._apply_retention(path.parent))
+                          if also_last else None)
 
     def _keyed_callbacks(self) -> list[tuple[str, Any]]:
         """Callbacks under checkpoint keys `"{index}:{class}"`: a callback's state only ever
@@ -353,6 +423,7 @@ class SupervisedTrainer:
                 callback.load_state_dict(state)
         self.step = int(payload["run"]["step"])
         self.last_metrics = dict(payload["run"].get("metrics") or {})
+        self.tracker.load_state_dict(payload["run"].get("best_tracker"))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -361,6 +432,7 @@ class SupervisedTrainer:
 
     def close(self) -> None:
         """Release the DDP wrapper and close the metrics file (before the group goes)."""
+        self._saves.settle()  # the writer's thread fsyncs metrics.jsonl: it finishes first
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()

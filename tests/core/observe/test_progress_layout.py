@@ -28,7 +28,7 @@ def rendered(width: int, total: int = 200) -> list[str]:
     console = Console(width=width, file=out, force_terminal=True, color_system=None)
     reporter = ProgressReporter(total, 0, False, 10, console=console)
     for step, loss, val in STEPS:
-        reporter.update(step, loss=loss, val_mse=val)
+        reporter.update(step, loss=loss, val=val)
         console.print(ProgressLine(reporter))
     return out.getvalue().splitlines()
 

@@ -1,0 +1,105 @@
+"""Exporting a trained model: a checkpoint's weights as a plain `state_dict` file.
+
+A checkpoint keeps the model under `payload.learner.model`, beside optimizer, schedule and
+every rank's state. `export` writes just the model's `state_dict` (verified first against
+the checkpoint's digest), so that `model.load_state_dict(torch.load(path, weights_only=True))`
+is all a user needs. `ema=True` exports the exponential moving average instead, which a run
+with `trainer.ema` keeps under `payload.learner.ema` (a state_dict, or a mapping holding one
+under `model`); a checkpoint without one is refused rather than silently giving the raw
+weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from embodichain.core.checkpoint.file import fsync_directory, read_checkpoint
+from embodichain.core.errors import UsageError
+
+# Names the run directory tools read as checkpoints (resume, runs, retention).
+_CHECKPOINT_NAME = re.compile(r"^(last|best|step_\d+)\.pt$")
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What was written: where, from which update, how many tensors and numbers in them."""
+
+    path: Path
+    step: int
+    tensors: int
+    numbers: int
+    ema: bool
+
+
+def model_state(data: Mapping[str, Any], source: Path, *, ema: bool = False
+                ) -> dict[str, torch.Tensor]:
+    """The model's (or its EMA's) state_dict in a verified checkpoint `data`."""
+    learner = data["payload"]["learner"]
+    if not ema:
+        return dict(learner["model"])
+    found = learner.get("ema")
+    if found is None:
+        raise UsageError(f"{source} holds no EMA weights (the run had no trainer.ema when it "
+                         "wrote this checkpoint); export without --ema for the model's own "
+                         "weights")
+    if isinstance(found, Mapping) and isinstance(found.get("model"), Mapping):
+        found = found["model"]
+    if not (isinstance(found, Mapping)
+            and all(isinstance(v, torch.Tensor) for v in found.values())):
+        raise UsageError(f"{source}: its EMA entry is not a state_dict of tensors; this "
+                         "embodichain cannot export it")
+    return dict(found)
+
+
+def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool = False
+                 ) -> Exported:
+    """Write the model state_dict of `checkpoint` to `out`, atomically.
+
+    Refuses (UsageError, exit 2; nothing written) an existing `out` unless `force`, `out`
+    being the checkpoint itself, and names that run directories read as checkpoints.
+    """
+    checkpoint, out = Path(checkpoint), Path(out)
+    if out.exists() and out.resolve() == checkpoint.resolve():
+        raise UsageError(f"{out} is the checkpoint itself; export to another file")
+    if _CHECKPOINT_NAME.match(out.name):
+        raise UsageError(f"{out}: {out.name} is a checkpoint's name (resume and runs would "
+                         "read it as one); choose another name, e.g. model.pt")
+    if out.is_dir():
+        raise UsageError(f"{out} is a directory; name the file to write, e.g. {out}/model.pt")
+    if out.exists() and not force:
+        raise UsageError(f"{out} exists; nothing was written. Pass --force to replace it")
+    data = read_checkpoint(checkpoint)  # digest-verified, never runs code from the file
+    state = {k: v.detach().clone().contiguous() for k, v in
+             model_state(data, checkpoint, ema=ema).items()}
+    _save_atomically(state, out)
+    return Exported(out, int(data["manifest"]["step"]), len(state),
+                    sum(v.numel() for v in state.values()), ema)
+
+
+def _save_atomically(state: dict[str, torch.Tensor], out: Path) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_directory(out.parent)
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
