@@ -72,10 +72,11 @@ def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNUL
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
-def snapshot_dir(directory: Path) -> dict[str, bytes]:
-    """Every file's bytes, to assert that a refused command changed nothing."""
-    return {str(p.relative_to(directory)): p.read_bytes()
-            for p in sorted(directory.rglob("*")) if p.is_file()}
+def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None), to assert that a refused command
+    changed nothing: a file or a directory it created, removed or changed shows."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}
 
 
 def tensors_by_path(value: object, path: str = ""):
@@ -133,3 +134,79 @@ def copy_run(tmp_path: Path):
         shutil.copytree(src, dst)
         return dst
     return copy
+
+
+# -- runs that several test files share (each trained once per session, read-only) -------------
+
+# The recovery-by-restart recipe (tests/factories/restarting.py: sl_ddp with test-controlled
+# kills, pauses and blocks; without them it trains exactly like sl_ddp).
+RESTART_RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": 300,
+                  "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
+
+
+def factories_env(**extra: str) -> dict[str, str]:
+    """Worker environment in which the test factories of tests/factories resolve."""
+    return worker_env(PYTHONPATH=str(FACTORIES), **extra)
+
+
+@pytest.fixture(scope="session")
+def restart_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RESTART_RECIPE trained to 300 updates by 2 torchrun workers without interruption: the
+    reference of every recovery-by-restart and multi-node scenario (shared, read-only)."""
+    root = tmp_path_factory.mktemp("restart_reference")
+    recipe = write_recipe(root / "r.yaml", root / "run", **RESTART_RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           env=factories_env()))
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def resumed_at_100(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example recipe (with the TensorBoard logger too) trained in one process to
+    update 100, then continued in place by `resume --set trainer.max_updates=200`.
+    `at_100/` is a copy of the run as it was at update 100, `run/` the continued run
+    (shared, read-only)."""
+    root = tmp_path_factory.mktemp("resumed_at_100")
+    run = root / "run"
+    recipe = write_recipe(root / "r.yaml", run, **{"trainer.loggers": ["jsonl", "tensorboard"],
+                                                   "trainer.max_updates": 100})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+    shutil.copytree(run, root / "at_100")
+    assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200", "--no-progress"))
+    return root
+
+
+@pytest.fixture(scope="session")
+def endless_run_stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """`start_endless_run` into `outputs/live`, looked at by `embodichain runs` while it is
+    live (once step_500.pt exists and the lock names its holder), then stopped by SIGTERM.
+    Returns what each step saw: `run`, `pid`, `live_json` and `live_table` (the `runs`
+    outputs while live), `returncode`, `stdout`, `stderr` (shared, read-only)."""
+    import json
+    import signal
+    import time
+
+    from embodichain.core.runs.run_lock import lock_holder
+
+    root = tmp_path_factory.mktemp("endless")
+    run = root / "outputs" / "live"
+    proc = start_endless_run(root, run, stdout=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ((run / "step_500.pt").exists() and lock_holder(run)):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the endless run never saved step_500.pt"
+            time.sleep(0.2)
+        listed = run_cli("runs", str(run.parent), "--json")
+        table = run_cli("runs", str(run.parent), env=worker_env(COLUMNS="200"))
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert_ok(listed)
+    assert_ok(table)
+    return {"run": run, "pid": proc.pid, "live_json": json.loads(listed.stdout),
+            "live_table": table.stdout, "returncode": proc.returncode, "stdout": out,
+            "stderr": err}

@@ -87,3 +87,118 @@ def comparable_records(directory: Path) -> list[dict[str, Any]]:
     log = read_metrics(directory / "metrics.jsonl")
     assert log.torn is None and not log.bad_lines
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
+
+
+# -- the whole outcome of a recovered run ------------------------------------------------------
+
+
+def event_summary(directory: Path) -> list[tuple[Any, ...]]:
+    """run.json's events, each as `("resumed", step)`, `("rolled_back", step, records)` or
+    `(name,)` for any other event: what a scenario implies, without times."""
+    import json
+
+    summary: list[tuple[Any, ...]] = []
+    for event in json.loads((directory / "run.json").read_text()).get("events") or []:
+        if event["event"] == "resumed":
+            summary.append(("resumed", event["step"]))
+        elif event["event"] == "rolled_back":
+            summary.append(("rolled_back", event["step"], event["records"]))
+        else:
+            summary.append((event["event"],))
+    return summary
+
+
+def _without_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+
+
+def assert_rolled_back_records(run: Path, reference: Path, unnamed_side_files: int = 0) -> None:
+    """Each `rolled_back` event of run.json names a side file holding exactly its `records`
+    records, all beyond its step, the same (without `time/`) as the reference's from there
+    (the killed run was exact too), and immediately followed by the `resumed` event at its
+    step; every side file is named by one event, save `unnamed_side_files` (left by a kill
+    between the roll-back and the run.json update that records it)."""
+    import json
+
+    events = json.loads((run / "run.json").read_text()).get("events") or []
+    expected = comparable_records(reference)
+    named = []
+    for i, event in enumerate(events):
+        if event["event"] != "rolled_back":
+            continue
+        step = event["step"]
+        following = [e for e in events[i + 1:] if e["event"] != "damaged_snapshots_set_aside"]
+        assert following and (following[0]["event"], following[0]["step"]) == ("resumed", step), \
+            f"{event} is not followed by its resume: {events}"
+        side = run / event["moved_to"]
+        named.append(side.name)
+        moved = _without_time([json.loads(line) for line in side.read_text().splitlines()])
+        assert len(moved) == event["records"] > 0, (event, len(moved))
+        steps = [r["step"] for r in moved]
+        assert (min(steps), max(steps)) == (event["first_step"], event["last_step"]), event
+        beyond = [r for r in expected if r["step"] > step]
+        assert moved == beyond[:len(moved)], f"{side.name}: not the reference's history"
+    sides = sorted(p.name for p in run.glob("metrics.rolled_back.*.jsonl"))
+    assert len(set(named)) == len(named) and set(named) <= set(sides), (named, sides)
+    assert len(sides) - len(named) == unnamed_side_files, (named, sides)
+
+
+def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, ...]] | None,
+                        records_after: int = 0, callbacks: bool = True,
+                        unnamed_side_files: int = 0, checkpoints: list[str] | None = None,
+                        foreign: tuple[str, ...] = ()) -> int:
+    """A recovered run's whole outcome equals the uninterrupted reference's (R-RESUME-1):
+
+    - every checkpoint of the run (`*.pt`: last.pt and each step file; or the names in
+      `checkpoints`, where the runs save at other intervals) exists in the reference and
+      holds the same state (`assert_training_state_equal`: every tensor, the
+      per-rank state, the metrics carried along and, unless `callbacks=False`, callbacks);
+    - metrics.jsonl without `time/` keys equals the reference's records beyond
+      `records_after` (0: the whole history, as for a run continued in place; the resume's
+      step for a run resumed into a fresh directory);
+    - run.json's events, as `event_summary` gives them, equal `events` (what the scenario
+      implies: a `("rolled_back", step, records)` wherever records were past the snapshot,
+      then `("resumed", step)`); None where random kills make them unpredictable (the
+      caller checks them); in every case `assert_rolled_back_records`;
+    - no temporary file is left (but the `foreign` ones a test put there itself).
+
+    Returns the number of tensors compared.
+    """
+    names = sorted(p.name for p in run.glob("*.pt")) if checkpoints is None else checkpoints
+    assert "last.pt" in names, f"{run}: no last.pt"
+    count = 0
+    for name in names:
+        assert (reference / name).is_file(), f"{run / name}: the reference has no {name}"
+        compared = assert_training_state_equal(reference / name, run / name, callbacks=callbacks)
+        assert compared > 0, name
+        count += compared
+    expected = [r for r in comparable_records(reference) if r["step"] > records_after]
+    assert expected, "the reference has no records to compare"
+    records = comparable_records(run)
+    assert records == expected, _first_difference(records, expected)
+    if events is not None:
+        summary = event_summary(run)
+        assert summary == events, f"run.json events {summary}, expected {events}"
+    assert_rolled_back_records(run, reference, unnamed_side_files)
+    leftovers = sorted(p.name for p in run.iterdir()
+                       if p.name.endswith(".tmp") and p.name not in foreign)
+    assert not leftovers, leftovers
+    return count
+
+
+def _first_difference(records: list[dict[str, Any]], expected: list[dict[str, Any]]) -> str:
+    steps = [r.get("step") for r in records]
+    for i, (a, b) in enumerate(zip(records, expected, strict=False)):
+        if a != b:
+            return f"record {i} differs: {a} vs the reference's {b}; steps {steps}"
+    return f"{len(records)} records vs the reference's {len(expected)}; steps {steps}"
+
+
+def implied_events(directory: Path, snapshot_step: int) -> list[tuple[Any, ...]]:
+    """The events run.json must hold once `directory` is continued in place from its
+    snapshot at `snapshot_step`: those it holds now, then a roll-back of every record now
+    beyond that step (if any), then the resume (for `assert_same_outcome`)."""
+    beyond = [r for r in read_metrics(directory / "metrics.jsonl").records
+              if r["step"] > snapshot_step]
+    rolled = [("rolled_back", snapshot_step, len(beyond))] if beyond else []
+    return [*event_summary(directory), *rolled, ("resumed", snapshot_step)]

@@ -51,6 +51,7 @@ def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dic
         "versions": dict(_mapping(run.get("versions"))),
         "model": model_summary(_mapping(learner.get("model")), buffer_names, tensors),
         "optimizer": optimizer_summary(learner, _mapping(config).get("optimizer")),
+        "ema": ema_summary(learner, _mapping(_mapping(config).get("trainer")).get("ema")),
         "ranks": ranks_summary(ranks, manifest.get("world_size")),
         "callbacks": sorted(str(k) for k in _mapping(payload.get("callbacks"))),
         "metrics": dict(_mapping(run.get("metrics"))),
@@ -113,7 +114,8 @@ def optimizer_summary(learner: Mapping[str, Any], recipe: Any) -> dict[str, Any]
         "step": max(steps) if steps else None,
         "param_groups": len(groups),
         "parameter_tensors": sum(len(g.get("params") or []) for g in groups),
-        "hyper_parameters": [{k: v for k, v in g.items() if k not in _IMPLEMENTATION_KEYS}
+        "hyper_parameters": [{"parameter_tensors": len(g.get("params") or []),
+                              **{k: v for k, v in g.items() if k not in _IMPLEMENTATION_KEYS}}
                              for g in groups],
         "state_tensors": len(state_tensors),
         "state_bytes": sum(_nbytes(t) for t in state_tensors),
@@ -123,6 +125,16 @@ def optimizer_summary(learner: Mapping[str, Any], recipe: Any) -> dict[str, Any]
                          "growth_tracker": scaler.get("_growth_tracker")}
                         if scaler else {"enabled": False}),
     }
+
+
+def ema_summary(learner: Mapping[str, Any], recipe: Any) -> dict[str, Any] | None:
+    """The EMA weights (`learner.ema`, R-LOOP-2): decay, what validation uses, size."""
+    state = learner.get("ema")
+    if not isinstance(state, Mapping):
+        return None
+    tensors = [t for t in state.values() if isinstance(t, torch.Tensor)]
+    return {"decay": _mapping(recipe).get("decay"), "validate": _mapping(recipe).get("validate"),
+            "tensors": len(tensors), "bytes": sum(_nbytes(t) for t in tensors)}
 
 
 def _is_number(value: Any) -> bool:

@@ -76,6 +76,7 @@ def render(report: dict[str, Any]) -> None:
         console = Console(width=10_000)
     for table in (_identity_table(report), _model_table(report["model"]),
                   _tensor_table(report["model"]), _optimizer_table(report["optimizer"]),
+                  _ema_table(report.get("ema")),
                   _ranks_table(report["ranks"], report["world_size"]),
                   _metrics_table(report["metrics"])):
         if table is not None:
@@ -172,6 +173,16 @@ def _tensor_table(m: dict[str, Any]) -> Any:
         shape = "[" + ", ".join(map(str, e["shape"])) + "]"
         t.add_row(_text(e["name"]), e["kind"], shape, e["dtype"], f"{e['numel']:,}",
                   f"{e['bytes']:,}")
+    return t
+
+
+def _ema_table(ema: dict[str, Any] | None) -> Any:
+    if ema is None:
+        return None
+    t = _kv_table("EMA weights (learner.ema)")
+    t.add_row("decay", _text(ema["decay"]))
+    t.add_row("validated", _text(ema["validate"]))
+    t.add_row("tensors", f"{ema['tensors']}, {_bytes(ema['bytes'])}")
     return t
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy
-from conftest import assert_ok, run_cli, worker_env, write_recipe
+from conftest import assert_ok, run_cli, worker_env
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -30,42 +29,99 @@ def report(*args: str, cwd: Path) -> bytes:
     return out.read_bytes()
 
 
+def drawn(directories: list[Path]) -> dict[str, dict[str, object]]:
+    """What render_png draws for these runs, read from the figure it rasterises:
+    panel title -> {"curves": {label: (steps, values)}, "marks": sorted x of vertical lines}."""
+    import matplotlib.pyplot as plt
+
+    from embodichain.core.observe.report import build_figure, load_runs
+
+    fig = build_figure(load_runs(directories))
+    panels: dict[str, dict[str, object]] = {}
+    try:
+        for ax in fig.axes:
+            if not ax.get_visible():
+                continue
+            curves, marks = {}, []
+            for line in ax.lines:
+                xs, ys = list(line.get_xdata()), list(line.get_ydata())
+                if len(xs) == 2 and xs[0] == xs[1] and ys == [0, 1]:  # axvline: axes coords
+                    marks.append(xs[0])
+                else:
+                    assert line.get_label() not in curves, f"{ax.get_title()}: two lines"
+                    curves[line.get_label()] = ([int(x) for x in xs], [float(y) for y in ys])
+            panels[ax.get_title()] = {"curves": curves, "marks": sorted(marks)}
+    finally:
+        plt.close(fig)
+    return panels
+
+
+def expected_curves(directories: list[Path], key: str) -> dict[str, tuple[list, list]]:
+    """label -> (steps, values) of `key` in each run's metrics.jsonl, for runs that have it."""
+    from embodichain.core.observe.report import load_runs
+
+    curves = {}
+    for run in load_runs(directories):
+        steps, values = run.series(key)
+        if steps:
+            curves[run.label] = (steps, values)
+    return curves
+
+
 def test_png_follows_the_data(tmp_path: Path, sl_ddp_one_process: Path,
                               sl_ddp_two_workers: Path, copy_run) -> None:
-    both = report(str(sl_ddp_one_process), str(sl_ddp_two_workers), cwd=tmp_path)
-    one = report(str(sl_ddp_one_process), cwd=tmp_path)
-    assert both.startswith(PNG_MAGIC) and one.startswith(PNG_MAGIC)
-    assert both != one
-    assert pixels(both).shape == pixels(one).shape  # same panels, different lines
-    assert not numpy.array_equal(pixels(both), pixels(one))
-    # Two more validation keys: two more panels, so a taller image.
+    """Each panel draws one line per run with exactly that run's steps and values. Catches
+    a run left undrawn (e.g. only the first run's curve: the legend alone still lists every
+    run), a curve from the wrong run or key, and a panel missing for a recorded key."""
+    both = [sl_ddp_one_process, sl_ddp_two_workers]
+    panels = drawn(both)
+    assert {"train/loss", "validation/mse", "train/lr"} <= set(panels)
+    for key, panel in panels.items():
+        assert panel["curves"] == expected_curves(both, key), key
+        assert len(panel["curves"]) == 2, key  # both runs record every plotted key
+        assert panel["marks"] == []  # neither run was resumed or rolled back
+    # The PNG is that figure, rasterised.
+    png = report(*map(str, both), cwd=tmp_path)
+    assert png.startswith(PNG_MAGIC) and pixels(png).size > 0
+    # Two more validation keys, in one run only: their panels draw that run alone.
     more = copy_run(sl_ddp_one_process, "more")
     with open(more / "metrics.jsonl", "a") as f:
         for step in (50, 100):
             f.write(json.dumps({"step": step, "validation/rollout_mse": 1.0 / step,
                                 "validation/baseline_mse": 0.5}) + "\n")
-    taller = report(str(more), cwd=tmp_path)
-    assert pixels(taller).shape[0] > pixels(one).shape[0]
-    assert pixels(taller).shape[1] == pixels(one).shape[1]
+    panels = drawn([more, sl_ddp_two_workers])
+    for key in ("validation/rollout_mse", "validation/baseline_mse"):
+        curves = panels[key]["curves"]
+        assert curves == expected_curves([more, sl_ddp_two_workers], key)
+        assert [steps for steps, _ in curves.values()] == [[50, 100]]
 
 
-def test_resumed_run_marks_the_resume(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 100})
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
-    assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200", "--no-progress"))
+def test_resumed_run_marks_the_resume(tmp_path: Path, resumed_at_100: Path, copy_run) -> None:
+    """Every panel marks each resume and roll-back of run.json with a vertical line at its
+    update, per run, over that run's whole curve. Catches the marks not drawn (e.g. no
+    `ax.axvline`: the legend entry alone still changes the image), drawn at the wrong update
+    or for only one run, and a resumed run drawn as two curves or only its last part."""
+    run = resumed_at_100 / "run"  # trained to 100, then resumed in place to 200 (conftest)
     events = json.loads((run / "run.json").read_text())["events"]
     assert [(e["event"], e["step"]) for e in events] == [("resumed", 100)]
-    marked = report(str(run), cwd=tmp_path)
-    # The same run without its event, under the same label (directory name and run id).
-    same_name = tmp_path / "x" / "run"
-    shutil.copytree(run, same_name)
-    data = json.loads((same_name / "run.json").read_text())
-    data["events"] = []
-    (same_name / "run.json").write_text(json.dumps(data))
-    unmarked = report(str(same_name), cwd=tmp_path)
-    assert marked != unmarked
-    assert not numpy.array_equal(pixels(marked), pixels(unmarked))
+    panels = drawn([run])
+    for key, panel in panels.items():
+        assert panel["curves"] == expected_curves([run], key), key
+        (steps, _), = panel["curves"].values()
+        assert steps[0] < 100 < steps[-1] == 200, key  # one curve across the resume
+        assert panel["marks"] == [100], key
+    # A second run, rolled back at 150 and resumed there, beside it: its own marks too.
+    other = copy_run(run, "other")
+    data = json.loads((other / "run.json").read_text())
+    data["events"] += [{"event": "rolled_back", "step": 150, "records": 3},
+                       {"event": "resumed", "step": 150}]
+    (other / "run.json").write_text(json.dumps(data))
+    panels = drawn([run, other])
+    for key, panel in panels.items():
+        assert len(panel["curves"]) == 2, key
+        assert panel["marks"] == [100, 100, 150, 150], key
+    png = report(str(run), str(other), cwd=tmp_path)
+    assert png.startswith(PNG_MAGIC)
 
 
 class _Page(HTMLParser):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, start_endless_run, worker_env, write_recipe
+from conftest import assert_ok, run_cli, write_recipe
 
+from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
-from embodichain.core.runs.run_lock import lock_holder
 
 
 def runs_json(root: Path) -> dict[str, dict]:
@@ -20,36 +19,32 @@ def runs_json(root: Path) -> dict[str, dict]:
 
 
 def test_running_stopped_and_finished(tmp_path: Path, sl_ddp_one_process: Path,
-                                      sl_ddp_two_workers: Path) -> None:
+                                      sl_ddp_two_workers: Path,
+                                      endless_run_stopped: dict) -> None:
+    """Catches a live run not shown as running with its holder, a stopped one shown with
+    another update than its last record (the signalled run saved a snapshot of exactly
+    that update), and a finished run shown as anything but finished at its last update."""
+    live = endless_run_stopped  # seen by `runs` while live, then SIGTERMed (conftest)
+    (row,) = live["live_json"]
+    assert Path(row["directory"]).name == "live" and row["state"] == "running"
+    assert row["holder"]["pid"] == live["pid"]
+    assert f"running (held by pid {live['pid']}" in live["live_table"]
+    assert live["returncode"] == 143, live["stderr"]
+
     root = tmp_path / "outputs"
     shutil.copytree(sl_ddp_one_process, root / "done")
     shutil.copytree(sl_ddp_two_workers, root / "nested" / "done2")
-    live = root / "live"
-    proc = start_endless_run(tmp_path, live)
-    try:
-        deadline = time.monotonic() + 120
-        while not ((live / "step_500.pt").exists() and lock_holder(live)):
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the live run never saved step_500.pt"
-            time.sleep(0.2)
-        rows = runs_json(root)
-        assert rows["live"]["state"] == "running"
-        assert rows["live"]["holder"]["pid"] == proc.pid
-        table = run_cli("runs", str(root), env=worker_env(COLUMNS="200"))
-        assert_ok(table)
-        assert f"running (held by pid {proc.pid}" in table.stdout
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
-
+    shutil.copytree(live["run"], root / "live")
     rows = runs_json(root)
     assert set(rows) == {"live", "done", "done2"}
     stopped = rows["live"]
-    last = read_metrics(live / "metrics.jsonl").last_step
+    # SIGTERM stops at an update with a snapshot of it; the last record may be older
+    snapshot = read_checkpoint(live["run"] / "last.pt")["manifest"]["step"]
+    assert f"stopped at update {snapshot}/" in live["stdout"].splitlines()[0]
+    assert 500 <= read_metrics(live["run"] / "metrics.jsonl").last_step <= snapshot
     assert stopped["state"] == "stopped" and stopped["holder"] is None
-    assert stopped["snapshot_step"] >= 500 and stopped["last_step"] >= stopped["snapshot_step"]
-    assert stopped["last_step"] >= last
-    assert stopped["state_text"] == f"stopped at update {stopped['last_step']}"
+    assert (stopped["snapshot_step"], stopped["last_step"]) == (snapshot, snapshot)
+    assert stopped["state_text"] == f"stopped at update {snapshot}"
     for name, run, world in (("done", sl_ddp_one_process, 1), ("done2", sl_ddp_two_workers, 2)):
         row = rows[name]
         identity = json.loads((run / "run.json").read_text())

@@ -109,7 +109,9 @@ def test_good_recipe_exits_0_and_prints_the_resolved_recipe(tmp_path: Path,
     assert resolved["factory"] == "sl_ddp"
     assert resolved["trainer"]["batch_size"] == 32
     assert resolved["optimizer"] == {"name": "adam", "lr": 0.001, "weight_decay": 0.0,
-                                     "grad_clip": None}  # defaults filled in
+                                     "grad_clip": None, "betas": None, "eps": None,
+                                     "momentum": None, "nesterov": False,
+                                     "no_decay": []}  # defaults filled in
     assert resolved["model"] == {"hidden": 32}
     assert "valid" in result.stderr
     assert list(tmp_path.iterdir()) == []

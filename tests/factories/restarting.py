@@ -9,6 +9,10 @@ Without the variables below it trains exactly like `sl_ddp` (same corpus, model,
   the save of that update, after last.pt was replaced and before step_N.pt was). Each kill
   fires once: its id is appended to EMBODICHAIN_TEST_KILL_LOG first, so restarted workers
   (and a rerun of the whole command) skip it.
+- EMBODICHAIN_TEST_BLOCK_AT=U with EMBODICHAIN_TEST_BLOCK_FILE=F: rank 0 stops inside update U
+  (the other ranks then wait for it in the update's all-reduce), creates F.reached and waits
+  until the test creates F: the run is then live at a known update for as long as the test
+  needs, however fast or loaded the machine (instead of a pace and a band of updates).
 """
 
 from __future__ import annotations
@@ -41,15 +45,28 @@ def _die(kill_id: str, what: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _block(release: Path) -> None:
+    reached = release.with_name(release.name + ".reached")
+    with open(reached, "w") as f:
+        f.flush()
+        os.fsync(f.fileno())
+    while not release.exists():
+        time.sleep(0.02)
+
+
 def build_supervised_trainer(config, device):
     trainer = sl_ddp.build_supervised_trainer(config, device)
     rank = int(os.environ.get("RANK", "0"))
     pause = float(os.environ.get("EMBODICHAIN_TEST_SLEEP_S", "0"))
     objective = trainer.objective
 
+    block_at = int(os.environ.get("EMBODICHAIN_TEST_BLOCK_AT", "0"))
+
     def paced(model, batch):
         if pause:
             time.sleep(pause)
+        if block_at and rank == 0 and trainer.step + 1 == block_at:
+            _block(Path(os.environ["EMBODICHAIN_TEST_BLOCK_FILE"]))
         if "EMBODICHAIN_TEST_KILLS" in os.environ:
             kill = _pending("update", rank, trainer.step + 1)
             if kill:

@@ -17,6 +17,7 @@ from recovery_helpers import (
     run_json,
     without_time,
 )
+from state_compare import assert_same_outcome
 
 from embodichain.core.checkpoint.file import read_checkpoint
 
@@ -25,15 +26,15 @@ GUARD = 240  # seconds: a deadlocked collective fails the test instead of hangin
 
 def _check_resumed(run_a: Path, resumed: Path, world_size: int) -> None:
     assert sorted(p.name for p in resumed.glob("*.pt")) == ["last.pt", "step_200.pt"]
-    for name in ("step_200.pt", "last.pt"):
-        compared = assert_training_state_equal(run_a / name, resumed / name)
-        # model (4) + Adam state (2 x 4 + steps) + per rank torch RNG, keys, sampler generator
-        assert compared >= 12 + 3 * world_size
+    # the whole outcome: both checkpoints, the records after update 100, no event (a fresh
+    # destination records where it came from in `resumed_from`, checked below)
+    compared = assert_same_outcome(resumed, run_a, events=[], records_after=100)
+    # model (4) + Adam state (2 x 4 + steps) + per rank torch RNG, keys, sampler generator
+    assert compared >= 2 * (12 + 3 * world_size)
     ranks = read_checkpoint(resumed / "last.pt")["payload"]["ranks"]
     assert sorted(ranks) == list(range(world_size))
     after_100 = [r for r in metrics(run_a) if r["step"] > 100]
     assert after_100 and any("validation/mse" in r for r in after_100)
-    assert without_time(metrics(resumed)) == without_time(after_100)
     a, b = run_json(run_a), run_json(resumed)
     assert b["run_id"] != a["run_id"]
     assert b["resumed_from"] == {"run_id": a["run_id"], "checkpoint": str(run_a / "step_100.pt"),
@@ -42,6 +43,9 @@ def _check_resumed(run_a: Path, resumed: Path, world_size: int) -> None:
 
 def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: Path,
                                                            tmp_path: Path) -> None:
+    """Catches any state restored inexactly (rank 0's streams on every rank, a lost
+    sampler position, optimizer counter, ...), records after 100 that differ, an event
+    written into the fresh destination, and a source run that is touched."""
     run_a = sl_ddp_two_workers
     before = snapshot_dir(run_a)
     ranks = read_checkpoint(run_a / "step_100.pt")["payload"]["ranks"]
@@ -60,6 +64,7 @@ def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: P
 
 def test_one_process_resume_from_step_100_is_bitwise_exact(sl_ddp_one_process: Path,
                                                            tmp_path: Path) -> None:
+    """As the two-worker test, in one process."""
     run_a = sl_ddp_one_process
     before = snapshot_dir(run_a)
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "resumed")

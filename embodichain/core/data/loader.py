@@ -120,31 +120,31 @@ def collate(examples: list[Any]) -> Any:
 class IndexStream:
     """The DataLoader's `batch_sampler`: the look-ahead sampler's batches as keys, forever."""
 
-    def __init__(self, sampler: Sampler, micro_batches: int) -> None:
-        self.sampler, self.micro_batches = sampler, micro_batches
+    def __init__(self, sampler: Sampler) -> None:
+        self.sampler = sampler
 
     def __iter__(self) -> Iterator[list[Key]]:
         while True:
-            update, micro = divmod(self.sampler.batches_drawn, self.micro_batches)
+            update = self.sampler.batches_drawn  # one draw per update (all its micro-batches)
             indices = self.sampler.next_indices().tolist()
-            first = micro * len(indices)
-            yield [(i, update, first + j) for j, i in enumerate(indices)]
+            yield [(i, update, j) for j, i in enumerate(indices)]
 
 
 class BatchLoader:
     """`next_batch()` gives the rank's next batch on the training device.
 
-    Call it once per (micro-)batch; `micro_batches` batches make one update (their examples
-    are seeded by their position in the update). `where_to_continue()` is appended to a
-    loading failure's message (which snapshot to continue from).
+    Call it once per update: with gradient accumulation the batch holds all the update's
+    micro-batches (its examples are seeded by their position in the update).
+    `where_to_continue()` is appended to a loading failure's message (which snapshot to
+    continue from).
     """
 
     def __init__(self, source: Source, sampler: Sampler, device: torch.device, *, seed: int,
-                 rank: int, workers: int = 0, prefetch: int = 2, micro_batches: int = 1,
+                 rank: int, workers: int = 0, prefetch: int = 2,
                  where_to_continue: Callable[[], str] = lambda: "") -> None:
         self.source, self.sampler, self.device = source, sampler, device
         self.seed, self.rank = seed, rank
-        self.workers, self.prefetch, self.micro_batches = workers, prefetch, micro_batches
+        self.workers, self.prefetch = workers, prefetch
         self.where_to_continue = where_to_continue
         self._iterator: Iterator[Any] | None = None
         self._consumed = -1  # the sampler position the iterator's next batch starts at
@@ -156,7 +156,7 @@ class BatchLoader:
             return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         if self._iterator is None or self._consumed != self.sampler.batches_drawn:
             self._start()  # first batch, or the sampler was restored meanwhile
-        update = self.sampler.batches_drawn // self.micro_batches + 1
+        update = self.sampler.batches_drawn + 1
         try:
             assert self._iterator is not None
             loaded = next(self._iterator)
@@ -186,7 +186,7 @@ class BatchLoader:
         fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
         loader = DataLoader(
             SeededExamples(self.source.dataset, self.seed, self.rank),
-            batch_sampler=IndexStream(copy.deepcopy(self.sampler), self.micro_batches),
+            batch_sampler=IndexStream(copy.deepcopy(self.sampler)),
             num_workers=workers,
             collate_fn=collate,
             pin_memory=self.device.type == "cuda",
@@ -215,7 +215,7 @@ class BatchLoader:
             try:
                 torch_handler(signum, frame)
             except RuntimeError as exc:
-                raise self._failure(exc, self.sampler.batches_drawn // self.micro_batches + 1
+                raise self._failure(exc, self.sampler.batches_drawn + 1
                                     ) from None
 
         self._sigchld = (torch_handler, handler)

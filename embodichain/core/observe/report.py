@@ -110,7 +110,8 @@ def render_png(runs: list[RunCurves]) -> bytes:
 
 def build_figure(runs: list[RunCurves]) -> Any:
     """The curves as a matplotlib figure: a panel per key (titled by it), a line per run,
-    events as vertical lines (`gid` names the event). The caller closes it."""
+    events as vertical lines (`gid` names the event). The caller closes it; render_png
+    rasterises it, tests read what it draws."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
 

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import json
 import typing
+import warnings
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -28,6 +30,7 @@ from pydantic import (
     StrictStr,
     create_model,
     field_validator,
+    model_validator,
 )
 
 from embodichain.core.recipe.logger_names import check_logger_name
@@ -49,6 +52,15 @@ class Section(BaseModel):
     model_config = SECTION_CONFIG
 
 
+with warnings.catch_warnings():  # `validate` is the recipe's word; pydantic's own
+    warnings.simplefilter("ignore")  # deprecated `BaseModel.validate` is not used here
+
+    class EmaConfig(Section):
+        """`trainer.ema` (R-LOOP-2): `ema = decay * ema + (1 - decay) * params` per step."""
+
+        decay: float = Field(gt=0.0, lt=1.0)
+        validate: Literal["model", "ema", "both"] = "ema"
+        """Which weights validation evaluates; `both` logs the EMA's as `validation_ema/*`."""
 # -- best metric and early stop (R-MET-1, R-MET-2); their use lives in recipe/best.py --
 Mode = Literal["min", "max"]
 
@@ -98,6 +110,15 @@ class TrainerConfig(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    # -- training loops (R-LOOP-1, R-LOOP-2, R-LOOP-4): core/training/{learner,ema,precision} --
+    grad_accumulation: PositiveInt = 1
+    """Micro-batches of `batch_size` per worker per update; one gradient all-reduce."""
+    ema: EmaConfig | None = None
+    """Keep an exponential moving average of the parameters (`{decay, validate}`)."""
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
+    compile: bool = False
+    """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
     # Background checkpoint writes and time-based snapshots (R-CKPT-8, R-CKPT-9)
     async_save: bool = True
     """Write checkpoints on a background thread of rank 0; training pauses only for the copy
@@ -128,6 +149,33 @@ class OptimizerConfig(Section):
     weight_decay: NonNegativeFloat = 0.0
     grad_clip: PositiveFloat | None = None
     """Clip the global gradient norm to this value."""
+    # -- optimizer hyper-parameters and groups (R-LOOP-3): see core/training/param_groups.py --
+    betas: list[Annotated[float, Field(ge=0.0, lt=1.0)]] | None = Field(
+        None, min_length=2, max_length=2)
+    """Adam / AdamW `[beta1, beta2]` (torch's default `[0.9, 0.999]` when omitted)."""
+    eps: PositiveFloat | None = None
+    """Adam / AdamW epsilon (torch's default 1e-8 when omitted)."""
+    momentum: float | None = Field(None, ge=0.0, lt=1.0)
+    """SGD momentum (0 when omitted)."""
+    nesterov: bool = False
+    """SGD Nesterov momentum (needs `momentum` > 0)."""
+    no_decay: list[Literal["bias", "norm"]] = []
+    """Exempt biases and/or normalisation-layer parameters from weight decay."""
+
+    @model_validator(mode="after")
+    def _options_fit_the_optimizer(self) -> OptimizerConfig:
+        problems = []
+        adam_only = [k for k in ("betas", "eps") if getattr(self, k) is not None]
+        if self.name == "sgd" and adam_only:
+            problems.append(f"optimizer.{adam_only[0]}: applies to adam and adamw, not sgd")
+        if self.name != "sgd" and (self.momentum is not None or self.nesterov):
+            key = "momentum" if self.momentum is not None else "nesterov"
+            problems.append(f"optimizer.{key}: applies to sgd, not {self.name}")
+        elif self.nesterov and not self.momentum:
+            problems.append("optimizer.nesterov: needs optimizer.momentum > 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class SchedulerConfig(Section):
@@ -147,6 +195,14 @@ class FrameworkConfig(Section):
     optimizer: OptimizerConfig
     scheduler: SchedulerConfig | None = None
 
+    @model_validator(mode="after")
+    def _precision_fits_the_device(self) -> FrameworkConfig:
+        # device: auto, and bf16 on a GPU, are checked on the resolved device before training.
+        if self.trainer.precision == "fp16" and self.device == "cpu":
+            raise ValueError("trainer.precision: fp16 needs a CUDA device (device: cpu has no "
+                             "fp16 autocast with gradient scaling); use bf16 or fp32")
+        return self
+
 
 # Keys that may change between a checkpoint and the run resuming from it (R-RESUME-2).
 RESUMABLE_CHANGES = (
@@ -161,6 +217,7 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    "trainer.ema.validate",  # which weights are evaluated, not what is trained
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",
     "trainer.save_every_s",
@@ -172,6 +229,14 @@ RESUMABLE_CHANGES = (
     "trainer.data_workers",
     "trainer.prefetch",
 )
+
+# Training configuration added after checkpoints existed (R-LOOP-*): a checkpoint whose
+# recipe lacks the key was trained with this value, so it is compared as that value.
+DEFAULTS_OF_LATER_KEYS: dict[str, Any] = {
+    "trainer.grad_accumulation": 1, "trainer.ema": None, "trainer.precision": "fp32",
+    "trainer.compile": False, "optimizer.betas": None, "optimizer.eps": None,
+    "optimizer.momentum": None, "optimizer.nesterov": False, "optimizer.no_decay": [],
+}
 
 
 def is_resumable_change(key: str) -> bool:

@@ -27,7 +27,11 @@ from typing import Any, Literal
 from embodichain.core.checkpoint.file import LAST, check_rank_entries, read_checkpoint, step_files
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
-from embodichain.core.recipe.schema import flatten_keys, is_resumable_change
+from embodichain.core.recipe.schema import (
+    DEFAULTS_OF_LATER_KEYS,
+    flatten_keys,
+    is_resumable_change,
+)
 from embodichain.core.runs.facts import (
     checkpoint_step,
     command_for,
@@ -113,7 +117,8 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
     old, new = flatten_keys(saved), flatten_keys(current)
     problems = []
     for key in sorted(set(old) | set(new)):
-        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        a = old.get(key, DEFAULTS_OF_LATER_KEYS.get(key, "<absent>"))
+        b = new.get(key, "<absent>")
         if a == b or is_resumable_change(key):
             continue
         problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")

@@ -17,7 +17,10 @@ from embodichain.core.training.nonfinite import last_good_snapshot
 
 
 def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
-    return make_sampler(config.trainer.sampling, len(source), config.trainer.batch_size,
+    # An update draws all its K * batch_size indices at once (R-LOOP-1): K=4 with batch 8
+    # trains on the examples K=1 with batch 32 does.
+    t = config.trainer
+    return make_sampler(t.sampling, len(source), t.batch_size * t.grad_accumulation,
                         config.seed, dist_utils.rank(), dist_utils.world_size())
 
 
@@ -28,8 +31,6 @@ def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
     t = config.trainer
     return BatchLoader(source, sampler, device, seed=config.seed, rank=dist_utils.rank(),
                        workers=t.data_workers, prefetch=t.prefetch,
-                       # gradient accumulation, where the trainer has it: K batches an update
-                       micro_batches=getattr(t, "grad_accumulation", 1),
                        where_to_continue=lambda: where_to_continue(run_directory()))
 
 

@@ -7,14 +7,20 @@ all-reduce per bucket yields the gradient sums, the global weight (which it divi
 whether any rank was asked to stop (R-SIG-1) and rank 0's note about saves (R-CKPT-8/9).
 That is one collective per update instead of the two (weight, then gradients) of a
 hand-written loop, and a stop costs no collective of its own.
+
+With `trainer.grad_accumulation: K` (R-LOOP-1) an update runs K micro-batches: the first
+K-1 backward passes accumulate locally under DDP's `no_sync`, their statistics are summed,
+and the hook runs once, on the last one, so the update is still
+`sum_{r,k}(w_rk * l_rk) / sum_{r,k}(w_rk)` with one all-reduce.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,19 +29,17 @@ from torch.nn.parallel import DistributedDataParallel
 
 from embodichain.core.distributed.process_group import is_distributed
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
+from embodichain.core.training.ema import Ema
 from embodichain.core.training.nonfinite import nonfinite_loss
 from embodichain.core.training.objective import LossResult, Objective, check_loss_result
+from embodichain.core.training.param_groups import (
+    ParamGroups,
+    build_optimizer,
+    build_param_groups,
+)
+from embodichain.core.training.precision import Precision, autocast, compiled
 
-Precision = Literal["fp32", "bf16", "fp16"]
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def build_optimizer(params: Any, config: OptimizerConfig) -> torch.optim.Optimizer:
-    if config.name == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    if config.name == "adamw":
-        return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
+Batch = dict[str, torch.Tensor]
 
 
 def lr_factor(config: SchedulerConfig | None, base_lr: float, max_updates: int
@@ -102,53 +106,58 @@ class Learner:
         max_updates: int,
         device: torch.device,
         precision: Precision = "fp32",
+        *,
+        param_groups: ParamGroups | None = None,
+        ema_decay: float | None = None,
+        compile: bool = False,
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
         self.model = model.to(device).train()  # validation switches back after eval()
-        self.optimizer = build_optimizer(self.model.parameters(), optimizer)
+        self.optimizer = build_optimizer(
+            build_param_groups(self.model, optimizer, param_groups), optimizer)
         self.grad_clip = optimizer.grad_clip
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_factor(scheduler, optimizer.lr, max_updates))
+        self.base_lr = optimizer.lr
+        self._lr_factor = lr_factor(scheduler, optimizer.lr, max_updates)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.ema = Ema(self.model, ema_decay) if ema_decay is not None else None
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self._reduce = _ReduceState(dist.group.WORLD if is_distributed() else None)
-        self.wrapped: nn.Module = self.model
+        # Compiled, the model trains through the compiled module; `self.model` (saved,
+        # validated, averaged) stays the plain one, sharing its parameters.
+        self.wrapped: nn.Module = compiled(self.model, device) if compile else self.model
+        self._ddp: DistributedDataParallel | None = None
         if is_distributed():
             ddp = DistributedDataParallel(
-                self.model,
+                self.wrapped,
                 device_ids=[device] if device.type == "cuda" else None,
                 # Buffers are per-rank state (saved per rank); syncing them would also cost
                 # a collective per forward.
                 **_NO_BUFFER_SYNC,
             )
             ddp.register_comm_hook(self._reduce, _weighted_allreduce_hook)
-            self.wrapped = ddp
+            self.wrapped = self._ddp = ddp
         self.metric_names: list[str] | None = None
         self._stop_flags = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
         # Rank 0's note to every rank (a time-based save is due, a background save failed:
         # checkpoint/writer.py), summed by the same all-reduce after the stop flag.
         self.rank_zero_note = 0.0
 
-    def update(self, objective: Objective, batch: dict[str, torch.Tensor], stop: float = 0.0
+    @property
+    def lr(self) -> float:
+        """The schedule's current learning rate (that of a group with `lr_scale` 1)."""
+        return self.base_lr * self._lr_factor(self.scheduler.last_epoch)
+
+    def update(self, objective: Objective, batches: Batch | Sequence[Batch], stop: float = 0.0
                ) -> dict[str, float]:
-        """One optimizer update; returns global `weight`, `skipped`, `stop` (the sum of every
-        rank's `stop` flag), and `loss` and metrics (weighted means over all ranks; absent
-        when the global weight is 0)."""
-        with torch.autocast(self.device.type, dtype=_AUTOCAST_DTYPES.get(self.precision),
-                            enabled=self.precision != "fp32"):
-            result = check_loss_result(objective(self.wrapped, batch), objective)
-        local = self._local_statistics(result, stop)
-        weighted_loss = result.loss.float() * local[0]
-        self._reduce.local = local
-        self.scaler.scale(weighted_loss).backward()
-        if self.wrapped is self.model:  # one process: reduce locally, same arithmetic
-            self._reduce.reduced = local
-            weight = local[0].clamp_min(torch.finfo(local.dtype).tiny)
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_div_(grads, weight)
-        totals = self._reduce.reduced.tolist()
+        """One optimizer update over one batch or a sequence of micro-batches; returns global
+        `weight`, `skipped`, `stop` (the sum of every rank's `stop` flag), and `loss` and
+        metrics (weighted means over all ranks and micro-batches; absent when the global
+        weight is 0)."""
+        totals = self._accumulate(objective, [batches] if isinstance(batches, Mapping)
+                                  else batches, stop)
         nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
         skipped = totals[0] == 0.0 or nonfinite
         if not skipped:
@@ -158,23 +167,59 @@ class Learner:
                 nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.ema is not None:
+                self.ema.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {**self._summary(totals, skipped), **({"nonfinite": 1.0} if nonfinite else {})}
 
-    def _local_statistics(self, result: LossResult, stop: float) -> torch.Tensor:
+    def _accumulate(self, objective: Objective, micro_batches: Sequence[Batch], stop: float
+                    ) -> list[float]:
+        """Forward and backward of each micro-batch (R-LOOP-1); the global totals.
+
+        Only the last backward synchronises: the comm hook then all-reduces the gradients
+        accumulated over all micro-batches with their summed statistics and the flags.
+        """
+        count = len(micro_batches)
+        summed = None
+        for k in range(count):
+            last = k == count - 1
+            with (self._ddp.no_sync() if self._ddp is not None and not last
+                  else contextlib.nullcontext()):
+                with autocast(self.precision, self.device):
+                    result = check_loss_result(objective(self.wrapped, micro_batches[k]),
+                                               objective)
+                local = self._local_statistics(result)
+                summed = local if summed is None else summed + local
+                if last:
+                    self._reduce.local = torch.cat([summed, self._flags(stop)])
+                self.scaler.scale(result.loss.float() * local[0]).backward()
+        if self._ddp is None:  # one process: reduce locally, same arithmetic
+            self._reduce.reduced = self._reduce.local
+            weight = summed[0].clamp_min(torch.finfo(summed.dtype).tiny)
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            torch._foreach_div_(grads, weight)
+        return self._reduce.reduced.tolist()
+
+    def _local_statistics(self, result: LossResult) -> torch.Tensor:
+        """`[w, w * loss, w * metric...]` of one micro-batch."""
         names = sorted(result.metrics)
         if self.metric_names is None:
             self.metric_names = names
         weight = torch.as_tensor(result.weight, dtype=torch.float32, device=self.device)
         values = [weight, result.loss.detach().float() * weight]
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
-        values.append(self._stop_flags[stop] if stop in self._stop_flags
-                      else torch.tensor(stop, device=self.device))
-        note = self.rank_zero_note
-        values.append(self._stop_flags[note] if note in self._stop_flags
-                      else torch.tensor(note, device=self.device))
         return torch.stack([v.reshape(()) for v in values])
+
+    def _flags(self, stop: float) -> torch.Tensor:
+        """The flags that ride on the update's all-reduce, summed over ranks:
+        `[stop, rank_zero_note]`."""
+        note = self.rank_zero_note
+        return torch.stack([
+            self._stop_flags[stop] if stop in self._stop_flags
+            else torch.tensor(stop, device=self.device),
+            self._stop_flags[note] if note in self._stop_flags
+            else torch.tensor(note, device=self.device)])
 
     def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
         """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
@@ -197,6 +242,7 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "grad_scaler": self.scaler.state_dict(),
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -205,9 +251,15 @@ class Learner:
         self.scheduler.load_state_dict(state["scheduler"])
         if state.get("grad_scaler"):
             self.scaler.load_state_dict(state["grad_scaler"])
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError("the checkpoint holds no EMA weights (trained without "
+                                 "trainer.ema)")
+            self.ema.load_state_dict(state["ema"])
 
     def release(self) -> None:
         """Drop the DDP wrapper and our reference to the group, so that both are freed
         before the process group is destroyed (torch can abort at exit otherwise)."""
         self.wrapped = self.model
+        self._ddp = None
         self._reduce = _ReduceState(None)

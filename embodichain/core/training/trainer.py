@@ -33,6 +33,7 @@ from embodichain.core.checkpoint.writer import (
     failure_reason,
     rank_zero_note,
 )
+from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group as dist_utils
 from embodichain.core.distributed.stop_request import (
@@ -49,9 +50,13 @@ from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
-from embodichain.core.training.learner import Learner, Precision
+from embodichain.core.training.ema import validation_models
+from embodichain.core.training.learner import Learner
+from embodichain.core.training.micro_batches import MicroBatches, split_batch
 from embodichain.core.training.nonfinite import finite_values, stop_message
 from embodichain.core.training.objective import Objective
+from embodichain.core.training.param_groups import ParamGroups
+from embodichain.core.training.precision import Precision, trainer_precision
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -79,6 +84,9 @@ class SupervisedTrainer:
 
     A factory builds it from the validated recipe; the framework attaches a run directory
     and calls `fit()` on every rank.
+    `param_groups` (optional): `[{"params", "lr_scale", "weight_decay", "name"}, ...]`,
+    parameter groups with their own learning-rate scale and weight decay (R-LOOP-3; see
+    core/training/param_groups.py).
     """
 
     def __init__(
@@ -91,7 +99,8 @@ class SupervisedTrainer:
         device: torch.device,
         evaluate: Evaluate | None = None,
         callbacks: Sequence[ValidationCallback] = (),
-        precision: Precision = "fp32",
+        precision: Precision | None = None,
+        param_groups: ParamGroups | None = None,
         best: Best | tuple[str, str] | None = None,
     ) -> None:
         self.config = config
@@ -107,9 +116,14 @@ class SupervisedTrainer:
             # `trainer.save_best: true`: keep best.pt by the best metric. Appended last, so
             # the factory's own callbacks keep their checkpoint keys whether or not it is on.
             self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
-        self.learner = Learner(model, config.optimizer, config.scheduler,
-                               config.trainer.max_updates, device, precision)
-        self.sampler = rank_sampler(config, source)  # the consumed position: checkpointed
+        t = config.trainer
+        self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
+                               trainer_precision(t.precision, precision, device),
+                               param_groups=param_groups, compile=t.compile,
+                               ema_decay=t.ema.decay if t.ema is not None else None)
+        # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
+        # position is the consumed one, checkpointed.
+        self.sampler = rank_sampler(config, source)
         self.loader = batch_loader(config, source, self.sampler, device,  # §11, data workers
                                    lambda: self.run.directory if self.run else None)
         self.step = 0
@@ -207,15 +221,25 @@ class SupervisedTrainer:
             f"{resume_command(directory, dist_utils.world_size())}",
             EXIT_CODES[signum])
 
-    def _next_batch(self) -> dict[str, torch.Tensor]:
-        return self.loader.next_batch()
+    def _next_batch(self) -> Sequence[dict[str, torch.Tensor]]:
+        """The update's micro-batches (one unless `trainer.grad_accumulation`): an in-memory
+        source's gathered lazily, one at a time; a `DatasetSource`'s loaded by the data
+        workers as the update's whole batch, then cut in order."""
+        t = self.config.trainer
+        if isinstance(self.source, DatasetSource):
+            return split_batch(self.loader.next_batch(), t.batch_size)
+        return MicroBatches(self.sampler.next_indices(), t.batch_size, self._gather)
+
+    def _gather(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch = self.source.gather(indices)
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def _log_training(self, summary: Mapping[str, float], progress: ProgressReporter) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
         record = {f"train/{k}": v for k, v in summary.items()
                   if k not in ("skipped", "stop", "rank_zero_note")}
-        record["train/lr"] = self.learner.optimizer.param_groups[0]["lr"]
+        record["train/lr"] = self.learner.lr
         record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
@@ -290,14 +314,18 @@ class SupervisedTrainer:
         progress.update(self.step, val=metrics.get(self.best.metric))
 
     def _evaluate(self) -> dict[str, float]:
-        model = self.learner.model
         start = time.perf_counter()
-        with preserved_rng(self.device), torch.no_grad():
-            model.eval()
-            try:
-                metrics = {k: float(v) for k, v in self.evaluate(model, self.device).items()}
-            finally:
-                model.train()
+        metrics: dict[str, float] = {}
+        ema = self.config.trainer.ema
+        for model, named in validation_models(self.learner.model, self.learner.ema,
+                                              ema.validate if ema is not None else None):
+            with preserved_rng(self.device), torch.no_grad():
+                model.eval()
+                try:
+                    metrics.update(named({k: float(v) for k, v in
+                                          self.evaluate(model, self.device).items()}))
+                finally:
+                    model.train()
         metrics["time/validation_s"] = time.perf_counter() - start
         return metrics
 

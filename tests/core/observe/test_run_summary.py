@@ -89,25 +89,15 @@ def test_a_failed_run_says_what_exists_and_how_to_continue(tmp_path: Path) -> No
     assert "simulated crash at update 151" in proc.stderr  # the error itself, after it
 
 
-def test_a_signalled_run_says_where_it_stopped(tmp_path: Path) -> None:
-    import signal
-    import subprocess
-    import time
-
-    from conftest import start_endless_run
-
-    run = tmp_path / "run"
-    proc = start_endless_run(tmp_path, run, stdout=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not (run / "step_500.pt").exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143, err
+def test_a_signalled_run_says_where_it_stopped(endless_run_stopped: dict) -> None:
+    """Catches a summary that names another update than the stop's snapshot, a missing
+    snapshot line or continue command, and a signalled run not exiting 143."""
+    live = endless_run_stopped  # an endless run SIGTERMed after step_500.pt (conftest)
+    run, out, err = live["run"], live["stdout"], live["stderr"]
+    assert live["returncode"] == 143, err
     step = read_metrics(run / "metrics.jsonl").last_step
     head = out.splitlines()[0]
     assert head.startswith("run ") and " stopped at update " in head, out
     stopped_at = int(head.split(" stopped at update ")[1].split("/")[0])
-    assert stopped_at >= step and f"last.pt (update {stopped_at})" in out, out
+    assert stopped_at >= step >= 500 and f"last.pt (update {stopped_at})" in out, out
     assert re.search(rf"^  continue +embodichain resume {re.escape(str(run))}$", out, re.M), out

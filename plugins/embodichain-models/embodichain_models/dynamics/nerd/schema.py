@@ -96,7 +96,8 @@ class NerdConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    """Autocast precision of training; fp16 adds a gradient scaler (CUDA only)."""
+    """Deprecated alias of the framework's `trainer.precision`: a value other than fp32 is
+    copied there (setting both to different non-fp32 values is an error)."""
     model: ModelSection = Field(default_factory=ModelSection)
     data: DataSection
     attention: AttentionSection = Field(default_factory=AttentionSection)
@@ -113,14 +114,23 @@ class NerdConfig(BaseModel):
                 "target of position t (the change from state t to t+1) is in the input of "
                 "position t+1, which non-causal attention lets position t see; use "
                 "attention.causal: true, or loss.mask: last_position")
-        # `device` exists once combined with the framework's config.
+        # `device` and `trainer` exist once combined with the framework's config.
         device = getattr(self, "device", None)
-        if self.precision == "fp16" and (device == "cpu" or device == "auto"
-                                         and not _cuda_available()):
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and self.precision != "fp32":
+            if trainer.precision == "fp32":
+                trainer.precision = self.precision  # the deprecated alias (R-LOOP-4)
+            elif trainer.precision != self.precision:
+                problems.append(
+                    f"precision: {self.precision} (deprecated; use trainer.precision) "
+                    f"contradicts trainer.precision: {trainer.precision}")
+        precision = trainer.precision if trainer is not None else self.precision
+        if precision == "fp16" and (device == "cpu" or device == "auto"
+                                    and not _cuda_available()):
             where = "device: cpu" if device == "cpu" else "device: auto, with no CUDA device here"
             problems.append(
-                f"precision: fp16 is not supported on CPU ({where}): there is no fp16 autocast "
-                "and gradient scaling there; use precision: bf16 or fp32, or a CUDA device")
+                f"trainer.precision: fp16 is not supported on CPU ({where}): there is no fp16 "
+                "autocast and gradient scaling there; use bf16 or fp32, or a CUDA device")
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -55,9 +55,8 @@ def _load(path: Path, mmap: bool) -> dict:
 
 def build_supervised_trainer(config: NerdConfig, device: torch.device) -> SupervisedTrainer:
     """Factory of the NeRD cart-pole recipe; called on every rank inside `distributed_run`."""
-    if config.precision == "fp16" and device.type != "cuda":
-        raise UsageError(f"precision fp16 needs a CUDA device, but the run uses {device}; "
-                         "use precision: bf16 or fp32")
+    # `precision:` is a deprecated alias, already copied to trainer.precision by the schema;
+    # the trainer refuses a precision the device cannot run (R-LOOP-4).
     train = _load(config.data.train, config.data.mmap)
     val = _load(config.data.val, config.data.mmap)
     if train["physics"] != val["physics"]:
@@ -98,7 +97,6 @@ def build_supervised_trainer(config: NerdConfig, device: torch.device) -> Superv
         objective=make_objective(config.loss.mask == "last_position"),
         device=device,
         evaluate=evaluate,
-        precision=config.precision,
     )
 
 

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU path in one command (under 6 minutes on one GPU): every CUDA-marked test, short
+# CUDA trainings of sl_ddp and NeRD (1 process, and torchrun with 1 worker — 2 workers on
+# NCCL when 2 GPUs are visible), bf16 and fp16 with the scaler, EMA and accumulation, and an
+# exact resume. One line per check; exit 1 if any failed. Without CUDA: says so, exits 0.
+#
+#   bash benchmarks/gpu_check.sh            # from the checkout, in the project's venv
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing checked"
+  exit 0
+fi
+export OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+TMP=$(mktemp -d /tmp/gpu_check.XXXXXX)
+NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+BF16=$("$PY" -c "import torch; print(int(torch.cuda.is_bf16_supported()))")
+failed=0
+
+check() {  # check NAME COMMAND...: one line, the output's tail on failure
+  local name=$1 start=$SECONDS out
+  shift
+  if out=$("$@" 2>&1); then
+    printf 'PASS  %-52s %4ds\n' "$name" $((SECONDS - start))
+  else
+    printf 'FAIL  %-52s %4ds\n' "$name" $((SECONDS - start))
+    printf '%s\n' "$out" | tail -15 | sed 's/^/      | /'
+    failed=1
+  fi
+}
+train() { "$PY" -m embodichain train-sl --no-progress "$@"; }
+trun() { local n=$1; shift; "$PY" -m torch.distributed.run --standalone --nnodes=1 \
+  --nproc-per-node="$n" -m embodichain train-sl --no-progress "$@"; }
+same_state() { "$PY" - "$1" "$2" <<'PY'
+import sys
+sys.path.insert(0, "tests")
+from pathlib import Path
+from state_compare import assert_training_state_equal
+assert assert_training_state_equal(Path(sys.argv[1]), Path(sys.argv[2])) > 0
+PY
+}
+
+SL=examples/learning/sl_ddp/cuda.yaml
+SHORT=(--set trainer.max_updates=60 --set trainer.validate_every=30 --set trainer.save_every=30)
+check "CUDA-marked tests (pytest -m cuda)" "$PY" -m pytest -q -m cuda tests
+check "sl_ddp cuda, 1 process" train --config $SL "${SHORT[@]}" --set trainer.output_dir=$TMP/sl_1p
+check "sl_ddp cuda, torchrun 1 worker" trun 1 --config $SL "${SHORT[@]}" --set trainer.output_dir=$TMP/sl_tr1
+if [ "$NGPU" -ge 2 ]; then
+  check "sl_ddp cuda, torchrun 2 workers (NCCL)" trun 2 --config $SL "${SHORT[@]}" \
+    --set trainer.output_dir=$TMP/sl_tr2
+fi
+if [ "$BF16" = 1 ]; then
+  check "sl_ddp bf16" train --config $SL "${SHORT[@]}" --set trainer.precision=bf16 \
+    --set trainer.output_dir=$TMP/sl_bf16
+fi
+check "sl_ddp fp16 with grad scaler" train --config $SL "${SHORT[@]}" --set trainer.precision=fp16 \
+  --set trainer.output_dir=$TMP/sl_fp16
+LOOPS=(--set trainer.batch_size=8 --set trainer.grad_accumulation=4 --set trainer.ema.decay=0.99
+       --set trainer.ema.validate=both)
+check "sl_ddp accumulation K=4 + EMA, torchrun 1 worker" trun 1 --config $SL "${SHORT[@]}" \
+  "${LOOPS[@]}" --set trainer.output_dir=$TMP/sl_loops
+check "exact resume on CUDA (K=4, EMA, from update 30)" bash -c "
+  $(declare -f train same_state); PY=$PY
+  train --config $SL ${SHORT[*]} ${LOOPS[*]} --set trainer.output_dir=$TMP/sl_resumed \
+    --resume $TMP/sl_loops/step_30.pt && same_state $TMP/sl_loops/last.pt $TMP/sl_resumed/last.pt"
+
+NERD=examples/learning/nerd/configs/cartpole/sl.train.yaml
+check "NeRD data (prepare)" "$PY" -m embodichain_models.dynamics.nerd.prepare --out $TMP/nerd \
+  --train-trajectories 200 --val-trajectories 20 --steps 60
+NSHORT=(--set device=cuda --set data.train=$TMP/nerd/train.pt --set data.val=$TMP/nerd/val.pt
+        --set trainer.max_updates=100 --set trainer.validate_every=50 --set trainer.save_every=50
+        --set validation.horizons=[1,10])
+check "NeRD cuda, 1 process" train --config $NERD "${NSHORT[@]}" --set trainer.output_dir=$TMP/n_1p
+check "NeRD cuda, torchrun 1 worker" trun 1 --config $NERD "${NSHORT[@]}" --set trainer.output_dir=$TMP/n_tr1
+if [ "$BF16" = 1 ]; then
+  check "NeRD bf16 (deprecated precision: key)" train --config $NERD "${NSHORT[@]}" \
+    --set precision=bf16 --set trainer.precision=fp32 --set trainer.output_dir=$TMP/n_bf16
+fi
+check "NeRD fp16 with grad scaler + EMA" train --config $NERD "${NSHORT[@]}" \
+  --set trainer.precision=fp16 --set trainer.ema.decay=0.999 --set trainer.output_dir=$TMP/n_fp16
+check "NeRD compile" train --config $NERD "${NSHORT[@]}" --set trainer.compile=true \
+  --set trainer.output_dir=$TMP/n_compile
+
+if [ $failed = 0 ]; then echo "gpu_check: all passed ($TMP)"; else echo "gpu_check: FAILED ($TMP)"; fi
+exit $failed

@@ -1,0 +1,59 @@
+"""Exponential moving average of the model's weights (R-LOOP-2, `trainer.ema`).
+
+After every optimizer step: `ema = decay * ema + (1 - decay) * param` for each parameter, in
+one fused `torch._foreach_lerp_` (no Python loop over parameters), and the buffers are
+copied. Parameters are identical on every rank, so the average is too. Its state is a
+plain model state dict, saved as the learner's `ema` entry: `payload["learner"]["ema"]` of a
+checkpoint loads into the model with `model.load_state_dict(...)`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Ema:
+    """The averaged copy of a model (same class, kept in eval mode, without gradients)."""
+
+    def __init__(self, model: nn.Module, decay: float) -> None:
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self._averaged = [p for p in self.model.parameters()]
+        self._sources = [p for p in model.parameters()]
+        self._buffers = [b for b in self.model.buffers()]
+        self._source_buffers = [b for b in model.buffers()]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """Move the average towards the model's current parameters; copy the buffers."""
+        torch._foreach_lerp_(self._averaged, self._sources, 1.0 - self.decay)
+        if self._buffers:
+            torch._foreach_copy_(self._buffers, self._source_buffers)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state)
+
+
+def ema_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The EMA's validation figures under `validation_ema/...` (with `validate: both`)."""
+    return {(f"validation_ema/{k.removeprefix('validation/')}" if k.startswith("validation/")
+             else f"ema/{k}"): v for k, v in metrics.items()}
+
+
+def validation_models(model: nn.Module, ema: Ema | None, mode: str | None
+                      ) -> list[tuple[nn.Module, Callable[[Mapping[str, float]],
+                                                          Mapping[str, float]]]]:
+    """What validation evaluates, each with how its figures are named."""
+    if ema is None or mode == "model":
+        return [(model, dict)]
+    if mode == "ema":
+        return [(ema.model, dict)]
+    return [(model, dict), (ema.model, ema_metrics)]

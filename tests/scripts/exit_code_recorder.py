@@ -1,0 +1,37 @@
+"""Run `embodichain ARGS` as this torchrun worker's child and record the code it exits with.
+
+    torchrun --nproc-per-node=2 -m exit_code_recorder OUT -- train-sl ...
+
+For the signal tests, which need each worker's own exit code: a worker stopped by SIGINT
+that torchrun forwards is in no failure report (the agent itself was interrupted), and when
+one worker exits first, torchrun SIGTERMs the others, so its report may show a worker that
+was about to exit 143 by itself as -15. So the command runs in its own session, out of reach
+of torchrun's SIGTERM (ignored here); SIGINT, which the agent forwards from the user, is
+passed on to it. Its exit code goes to `OUT/exit_rank{RANK}` and becomes this process's own.
+A test signals the command itself as this process's only child.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    out, separator, *args = sys.argv[1:]
+    assert separator == "--", "usage: exit_code_recorder OUT -- ARGS..."
+    signal.signal(signal.SIGTERM, lambda *_: None)  # a Python handler: reset in the child
+    child = subprocess.Popen([sys.executable, "-m", "embodichain", *args],
+                             start_new_session=True)
+    signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+    code = child.wait()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / f"exit_rank{os.environ['RANK']}").write_text(str(code))
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
