@@ -132,7 +132,7 @@ def test_a_failed_background_write_stops_every_rank(tmp_path: Path, when: str) -
     else:  # told through the update's all-reduce as soon as rank 0 knows, at 151 the latest
         drained = [e["event"] for e in events(log)]
         assert drained in ([], ["drained"]), drained  # [] when the stop came before 150
-        assert 100 < last <= 150, last
+        assert 100 <= last <= 150, last  # 100: the stop came with update 101 itself
     assert sorted(p.name for p in run.iterdir()) == [".lock", "metrics.jsonl", "run.json"]
 
 
