@@ -236,6 +236,7 @@ DEFAULTS_OF_LATER_KEYS: dict[str, Any] = {
     "trainer.grad_accumulation": 1, "trainer.ema": None, "trainer.precision": "fp32",
     "trainer.compile": False, "optimizer.betas": None, "optimizer.eps": None,
     "optimizer.momentum": None, "optimizer.nesterov": False, "optimizer.no_decay": [],
+    "trainer.sampling": "with_replacement", "trainer.early_stop": None,
 }
 
 
