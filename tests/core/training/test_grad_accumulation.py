@@ -155,14 +155,17 @@ def test_resume_mid_run_with_k4_is_bitwise(tmp_path: Path) -> None:
 
 
 def test_checkpoints_from_before_the_new_keys_still_resume() -> None:
-    """A recipe saved before the R-LOOP keys existed compares as their defaults; catches the
-    new keys making every older checkpoint unresumable."""
+    """A recipe saved before this release's keys (R-LOOP, §11 sampling, early stop, background
+    saves) existed compares as their defaults; catches a new key making every older
+    checkpoint unresumable (trainer.sampling and trainer.early_stop did)."""
     current = FrameworkConfig.model_validate({
         "factory": "sl_ddp", "trainer": {"batch_size": 4, "max_updates": 5, "output_dir": "o"},
         "optimizer": {"name": "adam", "lr": 0.001}}).model_dump(mode="json")
     saved = {**current, "trainer": {k: v for k, v in current["trainer"].items()
                                     if k not in ("grad_accumulation", "ema", "precision",
-                                                 "compile")},
+                                                 "compile", "sampling", "early_stop", "best",
+                                                 "async_save", "save_every_s",
+                                                 "data_workers", "prefetch")},
              "optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.0,
                            "grad_clip": None}}
     assert config_differences(saved, current, 0) == []
