@@ -72,6 +72,21 @@ def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNUL
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, read from /proc (torch's agent starts its workers
+    directly, with no shell in between)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
 def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
     """Every file's bytes and every directory (None), to assert that a refused command
     changed nothing: a file or a directory it created, removed or changed shows."""

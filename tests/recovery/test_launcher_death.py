@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from conftest import REPO, assert_ok, child_pids, run_cli, run_torchrun, worker_env, write_recipe
 from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
@@ -47,19 +47,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run"
 
 
-def _workers(agent: int) -> list[int]:
-    """The pids of the processes whose parent is `agent` (torch's agent starts the workers
-    directly, no shell in between)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
-                found.append(int(entry.name))
-    return found
 
 
 def _alive(pid: int) -> bool:
@@ -89,7 +76,7 @@ def _kill_launcher_at_the_block(cmd: list[str], run: Path, tmp_path: Path, *, gr
             assert proc.poll() is None, (tmp_path / "out.txt").read_text()
             assert time.monotonic() < deadline, "the ranks never reached the block"
             time.sleep(0.05)
-        workers = _workers(proc.pid)
+        workers = child_pids(proc.pid)
         assert len(workers) == 2, workers
         if group:
             os.killpg(proc.pid, signal.SIGKILL)

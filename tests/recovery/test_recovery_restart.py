@@ -23,6 +23,7 @@ from conftest import (
     SCRIPTS,
     TIMEOUT,
     assert_ok,
+    child_pids,
     run_torchrun,
     snapshot_dir,
     worker_env,
@@ -100,24 +101,13 @@ def _wait_for_step(directory: Path, step: int, proc: subprocess.Popen, timeout: 
 
 def _worker(agent: int, rank: int) -> int:
     """The pid of torchrun worker `rank` started by the agent process `agent`."""
-    for pid in _children(agent):
+    for pid in child_pids(agent):
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"RANK={rank}".encode() in environ:
             return pid
     raise AssertionError(f"no worker of rank {rank} under pid {agent}")
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture()
@@ -168,7 +158,7 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
                    and read_checkpoint(run / "last.pt")["manifest"]["step"] == snapshot):
             assert time.monotonic() < deadline, f"last.pt never reached update {snapshot}"
             time.sleep(0.05)
-        workers = _children(first.pid)
+        workers = child_pids(first.pid)
         first.send_signal(signal.SIGKILL)
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
@@ -225,7 +215,7 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
         if how == "SIGINT to torchrun":
             proc.send_signal(signal.SIGINT)
         else:
-            (worker,) = _children(_worker(proc.pid, 1))  # under exit_code_recorder
+            (worker,) = child_pids(_worker(proc.pid, 1))  # under exit_code_recorder
             os.kill(worker, signal.SIGTERM)
     finally:
         out, err = proc.communicate(timeout=120)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, run_torchrun
+from conftest import child_pids, REPO, run_torchrun
 from data_runs import data_env, data_recipe
 
 from embodichain.core.data.source import ReplacementSampler
@@ -29,21 +29,10 @@ def _first_update_drawing(index: int, updates: int = 200) -> int | None:
     return None
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def _rank_process(agent: int, rank: int) -> int:
-    for pid in _children(agent):
+    for pid in child_pids(agent):
         if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
             return pid
     raise AssertionError(f"no worker of rank {rank} under {agent}")
@@ -89,7 +78,7 @@ def test_a_sigkilled_data_worker_stops_every_rank_naming_it(tmp_path: Path) -> N
                    and (read_metrics(run / "metrics.jsonl").last_step or 0) >= 12):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        victim = _children(_rank_process(proc.pid, 1))[0]
+        victim = child_pids(_rank_process(proc.pid, 1))[0]
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         output = proc.communicate(timeout=120)[0]
