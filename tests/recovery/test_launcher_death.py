@@ -20,7 +20,12 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, assert_ok, child_pids, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
+from state_compare import (
+    assert_same_outcome,
+    assert_training_state_equal,
+    comparable_records,
+    implied_events,
+)
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
@@ -140,3 +145,64 @@ def test_sigkill_of_a_self_launched_process_group_stops_its_workers_with_a_snaps
         run, printed, lambda: run_cli("train-sl", "--config", str(recipe), "--resume", "auto",
                                       "--nproc-per-node", "2", "--no-progress", env=_env()),
         reference)
+
+
+def _rank_of(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return int(next(v for v in environ if v.startswith(b"RANK=")).split(b"=", 1)[1])
+
+
+def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Path,
+                                                                   tmp_path: Path) -> None:
+    """R-PROC-3: rank 0 hangs (SIGSTOP) at BLOCK_AT while rank 1 goes into that update's
+    all-reduce; then torchrun gets SIGTERM and passes it on. Rank 1 cannot run its Python
+    handler in the collective: the broken variant (no watch of a stuck wait in training)
+    waits there until torchrun's SIGKILL 30 s later, `Signal 9` and no word. Here it ends
+    itself after the grace (TRAINING_GRACE_S, 10 s) with 143 and a line naming the update;
+    rank 0, let go, finds it gone and stops too without a snapshot (143, the last one kept).
+    `resume DIR` then rolls back the records after that snapshot and ends bitwise equal to
+    the uninterrupted run."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    release = tmp_path / "release"
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+         "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
+         "--no-progress"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
+                                         EMBODICHAIN_TEST_BLOCK_FILE=str(release)))
+    try:
+        deadline = time.monotonic() + 240
+        while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None, (tmp_path / "out.txt").read_text()
+            assert time.monotonic() < deadline, "the ranks never reached the block"
+            time.sleep(0.05)
+        ranks = {_rank_of(pid): pid for pid in child_pids(proc.pid)}
+        os.kill(ranks[0], signal.SIGSTOP)  # rank 0 hangs before update BLOCK_AT
+        release.touch()
+        time.sleep(1.5)  # rank 1 computes its part and waits for rank 0 in the all-reduce
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        while _alive(ranks[1]) and time.monotonic() < sent + 25:
+            time.sleep(0.05)
+        seconds = time.monotonic() - sent
+        assert not _alive(ranks[1]), "rank 1 still waits 25 s after SIGTERM"
+        print(f"SIGTERM while rank 0 hangs: rank 1 ended {seconds:.2f} s later")
+        assert seconds < 20, seconds
+        os.kill(ranks[0], signal.SIGCONT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+    printed = (tmp_path / "out.txt").read_text()
+    assert (f"[rank 1] stopped by SIGTERM while waiting for the other ranks in update "
+            f"{BLOCK_AT}: the updates after the last snapshot are lost") in printed, printed
+    assert (f"stopped by SIGTERM at update {BLOCK_AT - 1} of {MAX_UPDATES}, but another rank "
+            "ended before the stop's snapshot could be taken") in printed, printed
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 40  # save_every: 40
+    assert lock_holder(run) is None
+    events = implied_events(run, 40)
+    assert_ok(run_torchrun("resume", str(run), "--no-progress", env=_env()))
+    assert_same_outcome(run, reference, events=events)

@@ -7,8 +7,10 @@ files: the run fills the disk long before it ends. Step files are kept unless
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 MAX_STEP_FILES = 1000
 """More planned step files than this is a mistake more often than a plan."""
@@ -67,3 +69,16 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} PB"  # pragma: no cover
+
+
+def warn_about_checkpoint_plan(trainer: Any, optimizer: str, model: Any, step: int,
+                               directory: Path) -> None:
+    """Log a warning when the planned step files are too many for sense or for the disk
+    (`trainer`: the recipe's trainer section; `model`: the unwrapped model)."""
+    model_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values())
+    warning = checkpoint_plan_warning(
+        max_updates=trainer.max_updates, step=step, save_every=trainer.save_every,
+        keep_last=trainer.keep_last, directory=directory,
+        checkpoint_bytes=estimate_checkpoint_bytes(model_bytes, optimizer))
+    if warning is not None:
+        logging.getLogger("embodichain").warning("warning: %s", warning)

@@ -4,16 +4,23 @@ The handler only records the request. The trainer sends it with the next update'
 statistics, which the update's own all-reduce sums, so every rank learns of a stop on any
 rank at the same update without an extra collective. A second SIGINT stops at once.
 
-A signal cannot run a Python handler while the main thread is blocked in C++ (a rendezvous
-waiting for a worker that never comes), so, while the main thread is in a `blocking_wait`
-(nothing trained yet: rendezvous, group creation), a thread woken by the signal (through
-`signal.set_wakeup_fd`) ends the process with the signal's code after a short grace, instead
-of leaving it to torchrun's SIGKILL 30 s later (R-PROC-3).
+A signal cannot run a Python handler while the main thread is blocked in C++: a rendezvous
+waiting for a worker that never comes, or a collective waiting for a rank that hangs or was
+stopped (SIGSTOP, a stuck GPU, a dead NFS mount). Such waits are marked (`blocking_wait`);
+after a stop signal, a thread woken by it (through `signal.set_wakeup_fd`) watches the main
+thread, and one that stays in a marked wait without running a line of Python for the wait's
+grace ends the process with the signal's code and one line saying where it was stuck and
+what that costs, instead of torchrun's SIGKILL 30 s later with no word (R-PROC-3). Before
+training the grace is 1 s (nothing is lost); in training it is `TRAINING_GRACE_S`, longer
+than a healthy wait (a peer's validation or synchronous save), so that a stop whose ranks
+all answer still ends with its snapshot. The rank that was waited for then finds its peer
+gone and stops too, keeping the last snapshot (training/stops).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -27,8 +34,19 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # What a rank adds to the update's all-reduce: the sum tells every rank whether any rank was
 # asked to stop, and whether any of them by SIGINT (exact in float32 for any world size).
 FLAGS = {signal.SIGTERM: 1.0, signal.SIGINT: 4096.0}
-GRACE_S = 1.0  # how long a blocked wait may still end by itself after a stop signal
+GRACE_S = 1.0  # before training: how long a stuck wait may still end by itself
+TRAINING_GRACE_S = 10.0  # in training: below torchrun's 30 s, above a healthy wait
+POLL_S = 0.05  # how often the woken thread looks at the main thread, after a stop signal
 _ACTIVE: StopRequest | None = None  # the installed request, for blocking_wait
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """A wait of the main thread in C++: what it waits for, and what ending it costs."""
+
+    what: str  # e.g. "the other workers to join"
+    grace_s: float
+    cost: str  # e.g. "nothing was trained"
 
 
 def signal_of(flag_sum: float) -> int | None:
@@ -45,7 +63,7 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
-        self._blocked_in: str | None = None  # what the main thread waits for, if anything
+        self._waiting: Wait | None = None  # the main thread's marked wait, if any
         self._wakeup: tuple[int, int, int] | None = None  # read fd, write fd, previous fd
 
     @property
@@ -88,27 +106,39 @@ class StopRequest:
             os.close(write)  # the watching thread reads EOF and ends (it closes `read`)
 
     def _watch_wakeups(self, read: int) -> None:
-        """Woken with each signal's number; ends a main thread stuck in a blocking wait."""
+        """Woken with each signal's number; after the first stop signal, watches the main
+        thread until the request is uninstalled (uninstall closes the pipe's write end)."""
         try:
             while data := os.read(read, 64):
-                for signum in data:
-                    if signum in EXIT_CODES and self._blocked_in is not None:
-                        self._exit_if_still_blocked(signum)
+                signum = next((s for s in data if s in EXIT_CODES), None)
+                if signum is not None:
+                    self._end_a_stuck_wait(signum)
         finally:
             os.close(read)
 
-    def _exit_if_still_blocked(self, signum: int) -> None:
-        deadline = time.monotonic() + GRACE_S
-        while self._blocked_in is not None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        what = self._blocked_in
-        if what is None:
-            return  # the wait ended: the handler's request stops at the next boundary
+    def _end_a_stuck_wait(self, signum: int) -> None:
+        """End the process when the main thread stays in a marked wait, without running
+        Python, for that wait's grace; return when the request is uninstalled."""
+        main = threading.main_thread().ident
+        seen, since = None, time.monotonic()
+        while self._wakeup is not None:
+            waiting = self._waiting
+            frame = sys._current_frames().get(main) if waiting is not None else None
+            where = (id(frame), frame.f_lasti) if frame is not None else None
+            del frame
+            now = time.monotonic()
+            if waiting is None or where != seen:  # not waiting, or Python ran meanwhile
+                seen, since = where, now
+            elif now - since >= waiting.grace_s:
+                self._exit_stuck(signum, waiting)
+            time.sleep(POLL_S)
+
+    def _exit_stuck(self, signum: int, waiting: Wait) -> None:
         rank = os.environ.get("RANK", "0")
         prefix = f"[rank {rank}] " if rank != "0" else ""
         with contextlib.suppress(OSError):
             sys.stderr.write(f"{prefix}stopped by {signal_name(signum)} while waiting for "
-                             f"{what}: nothing was trained\n")
+                             f"{waiting.what}: {waiting.cost}\n")
             sys.stderr.flush()
         os._exit(EXIT_CODES[signum])
 
@@ -127,18 +157,21 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def blocking_wait(what: str) -> Iterator[None]:
-    """Mark a wait of the main thread in C++ before anything is trained (e.g. "the other
-    workers to join"): a stop signal meanwhile ends the process (see the module's doc)."""
+def blocking_wait(what: str, grace_s: float = GRACE_S, cost: str = "nothing was trained"
+                  ) -> Iterator[None]:
+    """Mark a wait of the main thread in C++ for `what` (e.g. "the other workers to join"):
+    after a stop signal, staying in it `grace_s` without running Python ends the process,
+    printing `cost` (see the module's doc)."""
     active = _ACTIVE
     if active is None:
         yield
         return
-    active._blocked_in = what
+    outer = active._waiting
+    active._waiting = Wait(what, grace_s, cost) if outer is None else outer
     try:
         yield
     finally:
-        active._blocked_in = None  # a stop asked meanwhile stops at the first boundary
+        active._waiting = outer  # a stop asked meanwhile stops at the next boundary
 
 
 def signal_name(signum: int) -> str:

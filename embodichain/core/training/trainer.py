@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodichain.core.checkpoint.disk_plan import checkpoint_plan_warning, estimate_checkpoint_bytes
+from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.file import (
     LAST,
     step_filename,
@@ -36,13 +36,8 @@ from embodichain.core.checkpoint.writer import (
 from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group as dist_utils
-from embodichain.core.distributed.stop_request import (
-    EXIT_CODES,
-    StopRequest,
-    signal_name,
-    signal_of,
-)
-from embodichain.core.errors import Stopped, TrainingError
+from embodichain.core.distributed.stop_request import StopRequest, signal_of
+from embodichain.core.errors import TrainingError
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
@@ -57,6 +52,7 @@ from embodichain.core.training.nonfinite import finite_values, stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
+from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -156,7 +152,8 @@ class SupervisedTrainer:
         t = self.config.trainer
         run = self._require_run()
         if dist_utils.is_rank_zero():
-            self._warn_about_checkpoint_plan()
+            warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
+                                       self.step, run.directory)
         progress = ProgressReporter(t.max_updates, self.step,
                                     show_progress and dist_utils.is_rank_zero(), t.log_every,
                                     label=self.best.label)
@@ -167,10 +164,7 @@ class SupervisedTrainer:
         self._save_clock.restart()
         try:
             while self.step < t.max_updates and not stopping and not self.stops_early:
-                self.learner.rank_zero_note = (rank_zero_note(self._saves, self._save_clock)
-                                               if dist_utils.is_rank_zero() else 0.0)
-                summary = self.learner.update(self.objective, self._next_batch(),
-                                              stop=stop.flag if stop is not None else 0.0)
+                summary = self._update(stop)
                 self.step += 1
                 stopping = signal_of(summary["stop"])
                 if summary["rank_zero_note"] >= SAVE_FAILED:  # a background save failed
@@ -194,6 +188,11 @@ class SupervisedTrainer:
             # The end, a stop signal: the snapshot is complete before anyone is told so.
             self._stop_if_save_failed(self._saves.settle() if dist_utils.is_rank_zero()
                                       else None)
+        except Exception as exc:
+            if not peer_gone(exc, stop, dist_utils.is_distributed()):
+                raise
+            raise stopped_without_snapshot(stop.signum, self.step, t.max_updates,
+                                           run.directory, dist_utils.world_size(), exc) from exc
         finally:
             progress.close()
             self._saves.settle()  # every exit path waits for the save in flight (rank 0)
@@ -201,25 +200,23 @@ class SupervisedTrainer:
             log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
                                                 t.early_stop))
         if stopping and self.step < t.max_updates:
-            raise self._stopped(stopping)
+            raise stopped(stopping, self.step, t.max_updates, run.directory,
+                          dist_utils.world_size())
         return dict(self.last_metrics)
+
+    def _update(self, stop: StopRequest | None) -> dict[str, float]:
+        """One update on every rank; the stop flags and rank 0's note ride its all-reduce."""
+        self.learner.rank_zero_note = (rank_zero_note(self._saves, self._save_clock)
+                                       if dist_utils.is_rank_zero() else 0.0)
+        with dist_utils.waiting_for_others(f"the other ranks in update {self.step + 1}"):
+            return self.learner.update(self.objective, self._next_batch(),
+                                       stop=stop.flag if stop is not None else 0.0)
 
     @property
     def stops_early(self) -> bool:
         """Whether `trainer.early_stop` ends the run at this update (R-MET-2)."""
         early = self.config.trainer.early_stop
         return early is not None and self.tracker.exhausted(early.patience)
-
-    def _stopped(self, signum: int) -> Stopped:
-        from embodichain.core.runs.facts import resume_command
-
-        directory = self.run_directory
-        return Stopped(
-            f"stopped by {signal_name(signum)} at update {self.step} of "
-            f"{self.config.trainer.max_updates}: saved {directory / LAST} (update {self.step}), "
-            f"so no work is lost. Continue with: "
-            f"{resume_command(directory, dist_utils.world_size())}",
-            EXIT_CODES[signum])
 
     def _next_batch(self) -> Sequence[dict[str, torch.Tensor]]:
         """The update's micro-batches (one unless `trainer.grad_accumulation`): an in-memory
@@ -245,18 +242,6 @@ class SupervisedTrainer:
         record["time/elapsed_s"] = progress.elapsed()
         self._record(record)
         progress.update(self.step, loss=summary.get("loss", float("nan")))
-
-    def _warn_about_checkpoint_plan(self) -> None:
-        """Warn when the planned step files are too many for sense or for the disk."""
-        t = self.config.trainer
-        model_bytes = sum(v.numel() * v.element_size()
-                          for v in self.learner.model.state_dict().values())
-        warning = checkpoint_plan_warning(
-            max_updates=t.max_updates, step=self.step, save_every=t.save_every,
-            keep_last=t.keep_last, directory=self._require_run().directory,
-            checkpoint_bytes=estimate_checkpoint_bytes(model_bytes, self.config.optimizer.name))
-        if warning is not None:
-            log.warning("warning: %s", warning)
 
     def _check_finite(self, summary: Mapping[str, float]) -> None:
         """`trainer.on_nonfinite` after an update whose global loss was not finite (the
@@ -367,7 +352,9 @@ class SupervisedTrainer:
         (with rank 0's `what`: only rank 0 may know which file failed). `shared`: rank 0's
         values that ride along, returned in the outcome."""
         mine = {"failure": failure, "what": what, **dist_utils.rank_zero_origin(), **shared}
-        outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero() else None)
+        with dist_utils.waiting_for_others(f"rank 0 at update {self.step}"):
+            outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero()
+                                                          else None)
         if outcome["failure"]:
             dist_utils.wait_for_rank_zero_exit(outcome)
             raise TrainingError(f"{outcome['what']}: {outcome['failure']}")
@@ -376,7 +363,8 @@ class SupervisedTrainer:
     def _capture_committed(self) -> CommittedState:
         own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
                "buffers": capture_buffers(self.learner.model)}
-        gathered = dist_utils.gather_to_rank_zero(own)
+        with dist_utils.waiting_for_others(f"the other ranks' state of update {self.step}"):
+            gathered = dist_utils.gather_to_rank_zero(own)
         ranks = dict(enumerate(gathered)) if gathered is not None else None
         return CommittedState(self.step, ranks)
 
