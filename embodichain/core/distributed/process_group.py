@@ -16,7 +16,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from embodichain.core.distributed.stop_request import TRAINING_GRACE_S, blocking_wait
+from embodichain.core.distributed.stop_request import (
+    RANK_ZERO_GRACE_S,
+    TRAINING_GRACE_S,
+    blocking_wait,
+)
 from embodichain.core.errors import UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
 
@@ -250,14 +254,16 @@ def gather_to_rank_zero(value: Any) -> list[Any] | None:
     return [_decode(t, int(s.item())) for t, s in zip(out, sizes, strict=True)]
 
 
-def waiting_for_others(what: str) -> contextlib.AbstractContextManager[None]:
-    """Mark a wait in training for `what` (e.g. "the other ranks in update 7"): a rank that
-    no longer answers must not hold the others past a stop signal (R-PROC-3). A no-op in
-    one process, where nobody is waited for."""
+def waiting_for_others(what: str, on_rank_zero: bool = False
+                       ) -> contextlib.AbstractContextManager[None]:
+    """Mark a wait in training for `what` (e.g. "the other ranks in update 7"; `on_rank_zero`:
+    for rank 0's validation or save): a rank that no longer answers must not hold the others
+    past a stop signal (R-PROC-3). A no-op in one process, where nobody is waited for."""
     if not is_distributed():
         return contextlib.nullcontext()
-    return blocking_wait(what, TRAINING_GRACE_S, "the updates after the last snapshot are "
-                         "lost, and resuming does them again")
+    return blocking_wait(what, RANK_ZERO_GRACE_S if on_rank_zero else TRAINING_GRACE_S,
+                         "the updates after the last snapshot are lost, and resuming does "
+                         "them again")
 
 
 def barrier() -> None:

@@ -11,9 +11,10 @@ after a stop signal, a thread woken by it (through `signal.set_wakeup_fd`) watch
 thread, and one that stays in a marked wait without running a line of Python for the wait's
 grace ends the process with the signal's code and one line saying where it was stuck and
 what that costs, instead of torchrun's SIGKILL 30 s later with no word (R-PROC-3). Before
-training the grace is 1 s (nothing is lost); in training it is `TRAINING_GRACE_S`, longer
-than a healthy wait (a peer's validation or synchronous save), so that a stop whose ranks
-all answer still ends with its snapshot. The rank that was waited for then finds its peer
+training the grace is 1 s (nothing is lost); in an update's collectives it is
+`TRAINING_GRACE_S`, and `RANK_ZERO_GRACE_S` where the other ranks wait for rank 0 to
+validate or save, each longer than a healthy wait, so that a stop whose ranks all answer
+still ends with its snapshot. The rank that was waited for then finds its peer
 gone and stops too, keeping the last snapshot (training/stops).
 """
 
@@ -35,7 +36,8 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 # asked to stop, and whether any of them by SIGINT (exact in float32 for any world size).
 FLAGS = {signal.SIGTERM: 1.0, signal.SIGINT: 4096.0}
 GRACE_S = 1.0  # before training: how long a stuck wait may still end by itself
-TRAINING_GRACE_S = 10.0  # in training: below torchrun's 30 s, above a healthy wait
+TRAINING_GRACE_S = 10.0  # an update's collectives: well above a healthy wait for a peer
+RANK_ZERO_GRACE_S = 25.0  # waits for rank 0's validation or save: longer, under torchrun's 30 s
 POLL_S = 0.05  # how often the woken thread looks at the main thread, after a stop signal
 _ACTIVE: StopRequest | None = None  # the installed request, for blocking_wait
 

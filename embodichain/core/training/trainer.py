@@ -352,7 +352,7 @@ class SupervisedTrainer:
         (with rank 0's `what`: only rank 0 may know which file failed). `shared`: rank 0's
         values that ride along, returned in the outcome."""
         mine = {"failure": failure, "what": what, **dist_utils.rank_zero_origin(), **shared}
-        with dist_utils.waiting_for_others(f"rank 0 at update {self.step}"):
+        with dist_utils.waiting_for_others(f"rank 0 at update {self.step}", on_rank_zero=True):
             outcome = dist_utils.broadcast_from_rank_zero(mine if dist_utils.is_rank_zero()
                                                           else None)
         if outcome["failure"]:
@@ -363,7 +363,7 @@ class SupervisedTrainer:
     def _capture_committed(self) -> CommittedState:
         own = {"rng": capture_rng(self.device), "sampler": self.sampler.state_dict(),
                "buffers": capture_buffers(self.learner.model)}
-        with dist_utils.waiting_for_others(f"the other ranks' state of update {self.step}"):
+        with dist_utils.waiting_for_others(f"the state of update {self.step}", on_rank_zero=True):
             gathered = dist_utils.gather_to_rank_zero(own)
         ranks = dict(enumerate(gathered)) if gathered is not None else None
         return CommittedState(self.step, ranks)
