@@ -25,6 +25,8 @@ from conftest import (
     write_recipe,
 )
 
+from embodichain.core.observe.summary import summary_lines
+
 SMALL = {"trainer.max_updates": 20, "trainer.validate_every": 10, "trainer.save_every": 10,
          "trainer.log_every": 5}
 
@@ -222,13 +224,17 @@ def test_a_first_run_prints_no_numpy_warning(tmp_path: Path) -> None:
 def test_report_writes_beside_the_run_and_never_overwrites_silently(
         tmp_path: Path, copy_run, sl_ddp_one_process: Path) -> None:
     """Catches `report` writing report.png into the current directory and replacing an
-    existing file without being asked."""
+    existing file without being asked, and the run summary suggesting the plain `report`
+    command that is then refused."""
     run = copy_run(sl_ddp_one_process)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     assert_ok(run_cli("report", str(run), cwd=cwd))
     png = (run / "report.png").read_bytes()
     assert png.startswith(b"\x89PNG") and list(cwd.iterdir()) == []
+    # the summary's `curves` line is a command that works: a second report needs --force
+    curves = next(line for line in summary_lines(run) if line.lstrip().startswith("curves"))
+    assert curves.rstrip().endswith(f"report {run} --force"), curves
     (run / "report.png").write_bytes(b"edited")
     again = run_cli("report", str(run), cwd=cwd)
     assert again.returncode == 2 and "--force" in again.stderr, again.stderr

@@ -151,8 +151,9 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
     elif status != "refused":
         row("continue", command_for(f"resume {d}", facts.world_size)
             + ("" if newest is not None else "  (no snapshot yet: it restarts at update 0)"))
-    if facts.figures:
-        row("curves", f"embodichain report {d}")
+    if facts.figures:  # a report drawn before is replaced only when asked (report --force)
+        again = " --force" if (Path(directory) / "report.png").exists() else ""
+        row("curves", f"embodichain report {d}{again}")
     return lines
 
 
