@@ -6,7 +6,9 @@ train on as orphans holding the lock (the broken variant: they are still alive a
 and the `resume` that follows is refused). Each test blocks both ranks at a known update
 (tests/factories/blocking.py), kills the launcher alone, lets the ranks go, and checks that
 every worker is gone within 10 s, that last.pt holds that update, and that `resume DIR`
-right away finishes bitwise equal to an uninterrupted run.
+right away finishes bitwise equal to an uninterrupted run. The last test covers the other
+way a worker outlives its stop (R-PROC-3): a SIGTERM while it waits in a collective for a
+rank that hangs.
 """
 
 from __future__ import annotations
@@ -62,6 +64,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _wait_for_the_block(proc: subprocess.Popen, release: Path, tmp_path: Path) -> None:
+    """Until both ranks wait at BLOCK_AT (tests/factories/blocking.py)."""
+    deadline = time.monotonic() + 240
+    while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
+        assert proc.poll() is None, (tmp_path / "out.txt").read_text()
+        assert time.monotonic() < deadline, "the ranks never reached the block"
+        time.sleep(0.05)
+
+
 def _kill_launcher_at_the_block(cmd: list[str], run: Path, tmp_path: Path, *, group: bool
                                 ) -> tuple[float, str]:
     """Start `cmd`, wait until both ranks wait at BLOCK_AT, SIGKILL the launcher (its whole
@@ -76,11 +87,7 @@ def _kill_launcher_at_the_block(cmd: list[str], run: Path, tmp_path: Path, *, gr
                                      # an orphan that trained on would outlive the deadline
                                      EMBODICHAIN_TEST_PACE_S="0.25"))
     try:
-        deadline = time.monotonic() + 240
-        while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
-            assert proc.poll() is None, (tmp_path / "out.txt").read_text()
-            assert time.monotonic() < deadline, "the ranks never reached the block"
-            time.sleep(0.05)
+        _wait_for_the_block(proc, release, tmp_path)
         workers = child_pids(proc.pid)
         assert len(workers) == 2, workers
         if group:
@@ -173,11 +180,7 @@ def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Pa
         start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
                                          EMBODICHAIN_TEST_BLOCK_FILE=str(release)))
     try:
-        deadline = time.monotonic() + 240
-        while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
-            assert proc.poll() is None, (tmp_path / "out.txt").read_text()
-            assert time.monotonic() < deadline, "the ranks never reached the block"
-            time.sleep(0.05)
+        _wait_for_the_block(proc, release, tmp_path)
         ranks = {_rank_of(pid): pid for pid in child_pids(proc.pid)}
         os.kill(ranks[0], signal.SIGSTOP)  # rank 0 hangs before update BLOCK_AT
         release.touch()
