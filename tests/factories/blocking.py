@@ -10,6 +10,10 @@ Without the variables it trains exactly like `sl_ddp` (same corpus, model and sc
 - EMBODICHAIN_TEST_PACE_S: seconds every later update sleeps (so that a run that failed to
   stop would still be training long after the test's deadline).
 
+- EMBODICHAIN_TEST_SLOW_VALIDATION_S: seconds rank 0's validation at update
+  EMBODICHAIN_TEST_SLOW_VALIDATION_AT takes (it first creates `$EMBODICHAIN_TEST_BLOCK_FILE
+  .validating`), while the other ranks wait for it.
+
 Kill timing is then exact: whatever the test does while the ranks wait happens "before
 update N", and the stop that follows lands at update N.
 """
@@ -41,6 +45,18 @@ def build_supervised_trainer(config, device):
         return objective(model, batch)
 
     trainer.objective = blocking
+    slow_s = float(os.environ.get("EMBODICHAIN_TEST_SLOW_VALIDATION_S", "0"))
+    slow_at = int(os.environ.get("EMBODICHAIN_TEST_SLOW_VALIDATION_AT", "0"))
+    evaluate = trainer.evaluate
+
+    def slow_evaluate(model, device):
+        if trainer.step == slow_at:
+            Path(f"{release}.validating").touch()
+            time.sleep(slow_s)
+        return evaluate(model, device)
+
+    if slow_s:
+        trainer.evaluate = slow_evaluate
     return trainer
 
 

@@ -209,3 +209,39 @@ def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Pa
     events = implied_events(run, 40)
     assert_ok(run_torchrun("resume", str(run), "--no-progress", env=_env()))
     assert_same_outcome(run, reference, events=events)
+
+
+def test_sigterm_during_a_long_validation_still_ends_with_a_snapshot(tmp_path: Path) -> None:
+    """R-PROC-3's other side: rank 0 validates update 50 for 14 s while rank 1 waits for it
+    in a collective, and torchrun passes on a SIGTERM meanwhile. Rank 0 is not hung, so the
+    stop must still end with a snapshot: rank 1 may end itself only after RANK_ZERO_GRACE_S
+    (25 s). The broken variant (the update's 10 s grace for every wait) ends rank 1 at 10 s,
+    and rank 0 then stops without a snapshot ("another rank ended before ...")."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    release = tmp_path / "release"
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+         "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
+         "--no-progress"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_FILE=str(release),
+                                         EMBODICHAIN_TEST_SLOW_VALIDATION_AT="50",
+                                         EMBODICHAIN_TEST_SLOW_VALIDATION_S="14"))
+    try:
+        deadline = time.monotonic() + 240
+        while not Path(f"{release}.validating").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "out.txt").read_text()
+            time.sleep(0.05)
+        time.sleep(0.5)  # rank 1 is in the validation's broadcast, waiting for rank 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out.close()
+    printed = (tmp_path / "out.txt").read_text()
+    assert "another rank ended" not in printed and "while waiting for" not in printed, printed
+    assert f"stopped by SIGTERM at update 51 of {MAX_UPDATES}: saved" in printed, printed
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 51
