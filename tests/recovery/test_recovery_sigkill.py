@@ -205,7 +205,7 @@ WINDOWS = {
 def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         short_reference: Path, tmp_path: Path, window: str) -> None:
     """Catches a resume that does not roll back the records past the snapshot (e.g.
-    `resume_policy.roll_back` returning at once: metrics.jsonl then reads 1..5, 5, 6, ..)
+    `roll_back.roll_back` returning at once: metrics.jsonl then reads 1..5, 5, 6, ..)
     or does not record it (no `rolled_back` event with the count), and any inexact state."""
     run = tmp_path / "run"
     keep = {"trainer.keep_last": 2} if "keep_last" in window else {}

@@ -1,6 +1,6 @@
 """Roll-back (R-RESUME-6): records beyond the snapshot move to a side file that run.json names.
 
-`resume_policy.roll_back` records its `rolled_back` event before any record moves, so that a
+`runs.roll_back.roll_back` records its `rolled_back` event before any record moves, so that a
 kill at any point leaves no side file that no event names; a roll-back a kill interrupted
 (its event not followed by a `resumed` one) is finished by the next call, once. The real
 kills are in tests/recovery/test_recovery_sigkill.py; these are the states they leave, built
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from embodichain.core.runs import resume_policy
-from embodichain.core.runs.resume_policy import roll_back
+from embodichain.core.runs import roll_back as roll_back_module
+from embodichain.core.runs.roll_back import roll_back
 
 SIDE = "metrics.rolled_back.1.jsonl"
 
@@ -51,7 +51,7 @@ def test_the_event_is_recorded_before_any_record_moves(tmp_path: Path,
         seen.append([e["event"] for e in _events(run)])  # what run.json says at that moment
         raise KeyboardInterrupt  # killed before anything moved
 
-    monkeypatch.setattr(resume_policy, "_move_records", move)
+    monkeypatch.setattr(roll_back_module, "_move_records", move)
     pending = [{"event": "damaged_snapshots_set_aside", "files": ["last.pt.damaged"]}]
     with pytest.raises(KeyboardInterrupt):
         roll_back(run, 5, pending)
