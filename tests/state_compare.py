@@ -112,12 +112,12 @@ def _without_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
 
 
-def assert_rolled_back_records(run: Path, reference: Path, unnamed_side_files: int = 0) -> None:
+def assert_rolled_back_records(run: Path, reference: Path) -> None:
     """Each `rolled_back` event of run.json names a side file holding exactly its `records`
     records, all beyond its step, the same (without `time/`) as the reference's from there
     (the killed run was exact too), and immediately followed by the `resumed` event at its
-    step; every side file is named by one event, save `unnamed_side_files` (left by a kill
-    between the roll-back and the run.json update that records it)."""
+    step; every side file is named by one event (R-RESUME-6: a roll-back records its event
+    before it moves anything, so not even a kill leaves one that none names)."""
     import json
 
     events = json.loads((run / "run.json").read_text()).get("events") or []
@@ -139,13 +139,12 @@ def assert_rolled_back_records(run: Path, reference: Path, unnamed_side_files: i
         beyond = [r for r in expected if r["step"] > step]
         assert moved == beyond[:len(moved)], f"{side.name}: not the reference's history"
     sides = sorted(p.name for p in run.glob("metrics.rolled_back.*.jsonl"))
-    assert len(set(named)) == len(named) and set(named) <= set(sides), (named, sides)
-    assert len(sides) - len(named) == unnamed_side_files, (named, sides)
+    assert len(set(named)) == len(named) and set(named) == set(sides), (named, sides)
 
 
 def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, ...]] | None,
                         records_after: int = 0, callbacks: bool = True,
-                        unnamed_side_files: int = 0, checkpoints: list[str] | None = None,
+                        checkpoints: list[str] | None = None,
                         foreign: tuple[str, ...] = ()) -> int:
     """A recovered run's whole outcome equals the uninterrupted reference's (R-RESUME-1):
 
@@ -179,7 +178,7 @@ def assert_same_outcome(run: Path, reference: Path, *, events: list[tuple[Any, .
     if events is not None:
         summary = event_summary(run)
         assert summary == events, f"run.json events {summary}, expected {events}"
-    assert_rolled_back_records(run, reference, unnamed_side_files)
+    assert_rolled_back_records(run, reference)
     leftovers = sorted(p.name for p in run.iterdir()
                        if p.name.endswith(".tmp") and p.name not in foreign)
     assert not leftovers, leftovers

@@ -179,15 +179,15 @@ def _temps(directory: Path) -> list[str]:
 
 
 def _resume_to_the_end(directory: Path, reference: Path, snapshot_step: int, nproc: int = 1,
-                       unnamed_side_files: int = 0) -> None:
+                       events: list[tuple] | None = None) -> None:
     """`embodichain resume` finishes the run exactly as the uninterrupted one: every
-    checkpoint, metrics.jsonl and run.json's events (a roll-back of the records the kill
-    left past the snapshot, then the resume) as `assert_same_outcome` checks them."""
-    events = implied_events(directory, snapshot_step)
+    checkpoint, metrics.jsonl and run.json's events (`events`; by default what the
+    directory implies now: a roll-back of the records the kill left past the snapshot, then
+    the resume) as `assert_same_outcome` checks them, every side file named by an event."""
+    events = implied_events(directory, snapshot_step) if events is None else events
     launch = run_torchrun if nproc > 1 else run_cli
     assert_ok(launch("resume", str(directory), "--no-progress", timeout=GUARD))
-    assert_same_outcome(directory, reference, events=events,
-                        unnamed_side_files=unnamed_side_files)
+    assert_same_outcome(directory, reference, events=events)
     assert not _temps(directory), _temps(directory)  # the stale temp files were removed
 
 
@@ -205,7 +205,7 @@ WINDOWS = {
 def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         short_reference: Path, tmp_path: Path, window: str) -> None:
     """Catches a resume that does not roll back the records past the snapshot (e.g.
-    `resume_policy.roll_back` returning at once: metrics.jsonl then reads 1..5, 5, 6, ..)
+    `roll_back.roll_back` returning at once: metrics.jsonl then reads 1..5, 5, 6, ..)
     or does not record it (no `rolled_back` event with the count), and any inexact state."""
     run = tmp_path / "run"
     keep = {"trainer.keep_last": 2} if "keep_last" in window else {}
@@ -230,25 +230,60 @@ def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_11.pt", "step_12.pt"]
 
 
-def test_sigkill_inside_a_run_json_update_leaves_it_whole(short_reference: Path,
-                                                          tmp_path: Path) -> None:
-    """Catches a run.json update that is not atomic, and (as the window test) a resume
-    afterwards that is inexact in any checkpoint, record or event."""
+def _side_files(directory: Path) -> tuple[list[str], list[str]]:
+    """The roll-back side files on disk, and those run.json's events name."""
+    events = json.loads((directory / "run.json").read_text()).get("events") or []
+    named = [e["moved_to"] for e in events if e["event"] == "rolled_back"]
+    return sorted(p.name for p in directory.glob("metrics.rolled_back.*.jsonl")), named
+
+
+SIDE = "metrics.rolled_back.1.jsonl"
+ROLL_BACK_WINDOWS = {
+    # the resume's first run.json update (its roll-back event) in flight: nothing moved yet
+    "before the roll-back is recorded": {"at": "replace", "name": "run.json"},
+    # the event names the side file; the side file complete, not yet in place
+    "before the side file is in place": {"at": "replace", "name": SIDE},
+    # the side file in place; metrics.jsonl still holds the records it copies
+    "before metrics.jsonl is replaced": {"at": "replace", "name": "metrics.jsonl"},
+    # the records moved; the resume's own event not yet recorded
+    "before the resume is recorded": {"at": "replace", "name": "run.json", "nth": 2},
+}
+
+
+@pytest.mark.parametrize("window", list(ROLL_BACK_WINDOWS))
+def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished_once(
+        short_reference: Path, tmp_path: Path, window: str) -> None:
+    """R-RESUME-6: a resume in place killed anywhere inside its roll-back leaves run.json
+    whole and no side file that no event names, and the next resume finishes that roll-back
+    once. Catches the records moved before the `rolled_back` event is recorded (a side file
+    no event names: "before the roll-back is recorded"), a run.json update that is not
+    atomic, and a next resume that is not idempotent: one that rolls back again (a second
+    event and side file), appends to the side file (twice the records) or loses records."""
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
     _killed(["train-sl", "--config", str(recipe), "--no-progress"],
             {"at": "replace", "name": "last.pt", "nth": K + 1}, tmp_path / "mark1.json")
     before = (run / "run.json").read_bytes()
-    # resuming in place records the resume in run.json: killed inside that update
-    _, mark = _killed(["resume", str(run), "--no-progress"],
-                      {"at": "replace", "name": "run.json"}, tmp_path / "mark2.json")
-    assert mark["src_exists"] and Path(mark["src"]).name.startswith(".run.json."), mark
-    assert Path(mark["src"]).exists()  # the new content was complete, just not in place
+    records = (run / "metrics.jsonl").read_bytes()
+    expected = implied_events(run, K)  # one roll-back of the records past update K, one resume
+    assert expected[-2:] == [("rolled_back", K, expected[-2][2]), ("resumed", K)], expected
+    _, mark = _killed(["resume", str(run), "--no-progress"], ROLL_BACK_WINDOWS[window],
+                      tmp_path / "mark2.json")
+    assert mark["src_exists"] and Path(mark["src"]).exists(), mark  # complete, not in place
     _readable(run)
-    assert (run / "run.json").read_bytes() == before  # the old run.json, whole
-    # the killed resume had already moved the records past update K into a side file that
-    # no event names (it died recording the event): the next resume finds none to roll back
-    _resume_to_the_end(run, short_reference, K, unnamed_side_files=1)
+    on_disk, named = _side_files(run)
+    assert set(on_disk) <= set(named), (on_disk, named)  # every side file is named
+    logged = max(r["step"] for r in read_metrics(run / "metrics.jsonl").records)
+    if window == "before the roll-back is recorded":
+        assert Path(mark["src"]).name.startswith(".run.json."), mark
+        assert (run / "run.json").read_bytes() == before  # the old run.json, whole
+        assert on_disk == [] and (run / "metrics.jsonl").read_bytes() == records
+    elif window == "before the resume is recorded":
+        assert on_disk == named == [SIDE] and logged == K  # moved, and recorded before
+    else:
+        assert named == [SIDE] and logged > K  # recorded; metrics.jsonl still whole
+        assert on_disk == ([SIDE] if window == "before metrics.jsonl is replaced" else [])
+    _resume_to_the_end(run, short_reference, K, events=expected)
 
 
 def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(tmp_path: Path) -> None:

@@ -17,14 +17,18 @@ A run that already reached `trainer.max_updates` is complete: nothing is changed
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from embodichain.core.checkpoint.file import LAST, check_rank_entries, read_checkpoint, step_files
+from embodichain.core.checkpoint.file import (
+    LAST,
+    check_rank_entries,
+    read_checkpoint,
+    step_files,
+)
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
 from embodichain.core.recipe.schema import (
@@ -39,6 +43,7 @@ from embodichain.core.runs.facts import (
     resume_command,
 )
 from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
+from embodichain.core.runs.roll_back import roll_back
 from embodichain.core.runs.run_dir import (
     METRICS,
     RUN_JSON,
@@ -318,9 +323,8 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
         events.append({"event": "damaged_snapshots_set_aside", "at": now_iso(),
                        "files": [p.name for p in aside]})
     torn = move_torn_tail(directory)  # first: a torn line is no record to roll back
-    rolled = roll_back(directory, step)
+    rolled = roll_back(directory, step, events)  # records its event (and `events`) first
     if rolled is not None:
-        events.append(rolled)
         notes.append(f"rolled back {rolled['records']} metrics record(s) of updates "
                      f"{rolled['first_step']}..{rolled['last_step']} beyond the snapshot at "
                      f"update {step}: moved to {directory / rolled['moved_to']}")
@@ -349,44 +353,6 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
     return Prepared(continued, payload, continued=True, notes=tuple(notes))
 
 
-# ----------------------------------------------------------------------------------------
-# Roll-back (R-RESUME-6)
-
-
-def roll_back(directory: Path, step: int) -> dict[str, Any] | None:
-    """Move metrics records beyond `step` out of metrics.jsonl (R-RESUME-6).
-
-    The records go to a new side file `metrics.rolled_back.K.jsonl`, never deleted; returns
-    the run.json event describing it, or None when nothing was beyond `step`.
-    """
-    path = directory / METRICS
-    if not path.exists():
-        return None
-    keep, moved, steps = [], [], []
-    for line in path.read_bytes().splitlines(keepends=True):
-        try:
-            record_step = json.loads(line).get("step")
-        except (ValueError, AttributeError):
-            record_step = None  # unreadable lines stay where they are (readers skip them)
-        if isinstance(record_step, int) and record_step > step:
-            moved.append(line)
-            steps.append(record_step)
-        else:
-            keep.append(line)
-    if not moved:
-        return None
-    k = 1
-    while (directory / f"metrics.rolled_back.{k}.jsonl").exists():
-        k += 1
-    side = directory / f"metrics.rolled_back.{k}.jsonl"
-    _write_durably(side, b"".join(moved))
-    tmp = directory / f".{METRICS}.{os.getpid()}.tmp"
-    _write_durably(tmp, b"".join(keep))
-    os.replace(tmp, path)
-    return {"event": "rolled_back", "at": now_iso(), "step": step, "records": len(moved),
-            "first_step": min(steps), "last_step": max(steps), "moved_to": side.name}
-
-
 def _set_aside(path: Path) -> Path:
     """Rename a damaged checkpoint to a name that is not `*.pt` and is not taken."""
     target = path.with_name(path.name + ".damaged")
@@ -396,10 +362,3 @@ def _set_aside(path: Path) -> Path:
         target = path.with_name(f"{path.name}.damaged{k}")
     os.replace(path, target)
     return target
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "xb" if not path.name.startswith(".") else "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())

@@ -8,6 +8,7 @@ share no filesystem. Global rank 0 runs on node 0 (static rendezvous).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -182,18 +183,22 @@ def test_resume_auto_refuses_when_only_another_node_has_the_run(reference: Path,
 def test_self_launch_matches_torchrun_and_reports_refusals_once(reference: Path,
                                                                 tmp_path: Path) -> None:
     """Catches a self-launched run that differs from torchrun's in any checkpoint, record
-    or event, and a refusal reported more than once."""
+    or event (e.g. workers not given the command's `--set`: the recipe logs every 20
+    updates, `--set` gives the reference's 10), and a refusal reported more than once (by
+    the launcher as well, or by every worker, `[rank 1] error: ...`)."""
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
+    recipe = write_recipe(tmp_path / "r.yaml", run, **{**RECIPE, "trainer.log_every": 20})
+    args = ["train-sl", "--config", str(recipe), "--set", "trainer.log_every=10",
+            "--nproc-per-node", "2", "--no-progress"]
     env = worker_env(PYTHONPATH=str(FACTORIES))
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
-                      "--no-progress", env=env))
+    assert_ok(run_cli(*args, env=env))
     assert json.loads((run / "run.json").read_text())["world_size"] == 2
     _assert_equal_runs(run, reference)
 
-    refused = run_cli("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
-                      "--no-progress", env=env)
+    refused = run_cli(*args, env=env)
     assert refused.returncode == 2  # every worker refused; torchrun's report names their 2s
     assert refused.stderr.count("exitcode  : 2") == 2
-    printed = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-    assert len(printed) == 1 and "already holds a run" in printed[0]
+    printed = [line for line in refused.stderr.splitlines()
+               if re.match(r"(\[rank \d+\] )?error:", line)]
+    assert len(printed) == 1 and printed[0].startswith("error:"), printed
+    assert "already holds a run" in printed[0]
