@@ -89,4 +89,13 @@ def main() -> None:
     except BrokenPipeError:
         quiet_stdout()
         code = BROKEN_PIPE
+    launch = sys.modules.get("embodichain.core.launch.self_launch")
+    if launch is not None and launch.ran_an_agent:
+        # This process ran torch's elastic agent: its TCPStore thread can abort interpreter
+        # teardown (torchrun itself ends with SIGABRT after a SIGTERM about 1 time in 50,
+        # R-PROC-2). Its workers have ended and the output is flushed: nothing needs it.
+        import os
+
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)
     sys.exit(code)

@@ -26,6 +26,7 @@ from embodichain.core.errors import UsageError
 from embodichain.core.runs.facts import SELF_LAUNCHED
 
 REFUSED = 2  # a worker's exit code for bad input (UsageError)
+ran_an_agent = False  # whether this process ran torch's elastic agent (see cli.main)
 
 
 def should_launch(nproc_per_node: int | None) -> bool:
@@ -68,6 +69,8 @@ def launch(nproc_per_node: int, max_restarts: int, worker_args: Sequence[str]) -
 
     if max_restarts < 0:
         raise UsageError(f"--max-restarts: expected 0 or more, got {max_restarts}")
+    global ran_an_agent
+    ran_an_agent = True
     os.environ[SELF_LAUNCHED] = "1"  # the workers' messages then name this way to continue
     for attempt in range(max_restarts + 1):
         try:

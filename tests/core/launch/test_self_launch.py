@@ -4,8 +4,10 @@ a refusal is final under `--max-restarts`, and a real failure is still restarted
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import REPO, worker_env, write_recipe
@@ -56,3 +58,38 @@ def test_a_failure_under_max_restarts_is_restarted_and_finishes(tmp_path: Path) 
     assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 30
     events = json.loads((run / "run.json").read_text())["events"]
     assert [(e["event"], e["step"]) for e in events] == [("resumed", 10)]
+
+
+def test_sigterm_to_the_self_launcher_stops_with_a_snapshot_and_exits_143(
+        tmp_path: Path) -> None:
+    """R-SIG-1 through self-launch: the launcher passes SIGTERM on, every rank stops at the
+    same update, and the launcher itself exits 143 with one `stopped by` line. Catches
+    a launcher that exits 1 or prints torch's SignalException traceback (torchrun's own way),
+    and workers that ignore the signal (they would train on to update 200)."""
+    run, release = tmp_path / "run", tmp_path / "release"
+    recipe = write_recipe(tmp_path / "r.yaml", run,
+                          factory="blocking:build_supervised_trainer")
+    env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_BLOCK_AT="7",
+                     EMBODICHAIN_TEST_BLOCK_FILE=str(release))
+    proc = subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
+                             str(recipe), "--nproc-per-node", "2", "--no-progress"], cwd=REPO,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the agent passes it on to both workers, which are held at update 7
+        release.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    # update 7's stop flag was taken before its objective held it: the stop lands at 8
+    assert [line for line in err.splitlines() if line.startswith("stopped by")] == [
+        f"stopped by SIGTERM at update 8 of 200: saved {run / 'last.pt'} (update 8), so no "
+        f"work is lost. Continue with: embodichain resume {run} --nproc-per-node 2"], err
+    assert "Traceback" not in err and "terminate called" not in err, err
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 8
