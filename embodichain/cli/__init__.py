@@ -92,8 +92,9 @@ def main() -> None:
     launch = sys.modules.get("embodichain.core.launch.self_launch")
     if launch is not None and launch.ran_an_agent:
         # This process ran torch's elastic agent: its TCPStore thread can abort interpreter
-        # teardown (torchrun itself ends with SIGABRT after a SIGTERM about 1 time in 50,
-        # R-PROC-2). Its workers have ended and the output is flushed: nothing needs it.
+        # teardown (torchrun itself ended with SIGABRT in 3 of about 60 SIGTERM stops in
+        # benchmarks/stress_exit.py, R-PROC-2). Its workers have ended and the output is
+        # flushed: nothing needs it.
         import os
 
         sys.stderr.flush()
