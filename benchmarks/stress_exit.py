@@ -7,6 +7,7 @@ processes load every CPU, cycling through the ways a run ends:
   stop     SIGTERM to torchrun mid-run (snapshot, exit 143)    expect "stopped by SIGTERM"
   refuse   a fresh start into a finished run's directory        expect both workers exit 2
   restart  rank 1 SIGKILLed once, `--max-restarts 1 --resume auto` continues   expect 0
+  selfstop SIGTERM to a self-launched run (`--nproc-per-node 2`) mid-run         expect 143
 
 A run counts as an abort when any worker died of a signal it was not sent (SIGABRT: torch's
 "terminate called without an active exception", a segfault) or the output shows one.
@@ -72,9 +73,21 @@ def finish(work: Path, i: int) -> tuple[bool, int, str]:
 
 
 def stop(work: Path, i: int) -> tuple[bool, int, str]:
-    run = work / f"stop{i}"
-    cmd = _torchrun(*_train(run, 100_000, "--set",
-                            "factory=restarting:build_supervised_trainer"))
+    code, out = _stopped(work / f"stop{i}", _torchrun)
+    return "stopped by SIGTERM" in out, code, out  # torchrun reports no worker codes then
+
+
+def selfstop(work: Path, i: int) -> tuple[bool, int, str]:
+    def self_launched(*args: str) -> list[str]:
+        return [sys.executable, "-m", "embodichain", *args, "--nproc-per-node", "2"]
+
+    code, out = _stopped(work / f"selfstop{i}", self_launched)
+    return code == 143 and "stopped by SIGTERM" in out, code, out
+
+
+def _stopped(run: Path, launcher) -> tuple[int, str]:
+    """SIGTERM to the launcher of an endless run once it saved update 10."""
+    cmd = launcher(*_train(run, 100_000, "--set", "factory=restarting:build_supervised_trainer"))
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(EMBODICHAIN_TEST_SLEEP_S="0.01"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -83,8 +96,7 @@ def stop(work: Path, i: int) -> tuple[bool, int, str]:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=300)
-    ok = "stopped by SIGTERM" in out  # torchrun, stopped itself, reports no worker codes
-    return ok, proc.returncode, out
+    return proc.returncode, out
 
 
 def refuse(work: Path, i: int) -> tuple[bool, int, str]:
@@ -107,7 +119,8 @@ def restart(work: Path, i: int) -> tuple[bool, int, str]:
     return code == 0 and "SIGKILL r" in out, code, out
 
 
-KINDS = {"finish": finish, "stop": stop, "refuse": refuse, "restart": restart}
+KINDS = {"finish": finish, "stop": stop, "refuse": refuse, "restart": restart,
+         "selfstop": selfstop}
 
 
 def _load(n: int) -> list[subprocess.Popen]:
