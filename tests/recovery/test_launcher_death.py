@@ -179,9 +179,10 @@ def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Pa
          "--no-progress"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
         start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
                                          EMBODICHAIN_TEST_BLOCK_FILE=str(release)))
+    ranks: dict[int, int] = {}
     try:
         _wait_for_the_block(proc, release, tmp_path)
-        ranks = {_rank_of(pid): pid for pid in child_pids(proc.pid)}
+        ranks.update({_rank_of(pid): pid for pid in child_pids(proc.pid)})
         os.kill(ranks[0], signal.SIGSTOP)  # rank 0 hangs before update BLOCK_AT
         release.touch()
         time.sleep(1.5)  # rank 1 computes its part and waits for rank 0 in the all-reduce
@@ -198,7 +199,7 @@ def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Pa
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in ranks.values() if "ranks" in locals() else ():
+        for pid in ranks.values():
             if _alive(pid):  # a failed test leaves no stopped or orphaned worker behind
                 os.kill(pid, signal.SIGKILL)
         out.close()
