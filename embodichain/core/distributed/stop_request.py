@@ -8,9 +8,10 @@ A signal cannot run a Python handler while the main thread is blocked in C++: a 
 waiting for a worker that never comes, or a collective waiting for a rank that hangs or was
 stopped (SIGSTOP, a stuck GPU, a dead NFS mount). Such waits are marked (`blocking_wait`);
 after a stop signal, a thread woken by it (through `signal.set_wakeup_fd`) watches the main
-thread, and one that stays in a marked wait without running a line of Python for the wait's
-grace ends the process with the signal's code and one line saying where it was stuck and
-what that costs, instead of torchrun's SIGKILL 30 s later with no word (R-PROC-3). Before
+thread, and one that stays in a marked wait without running (no Python executed, no CPU
+time used: a wait sleeps) for the wait's grace ends the process with the signal's code and
+one line saying where it was stuck and what that costs, instead of torchrun's SIGKILL 30 s
+later with no word (R-PROC-3). Before
 training the grace is 1 s (nothing is lost); in an update's collectives it is
 `TRAINING_GRACE_S`, and `RANK_ZERO_GRACE_S` where the other ranks wait for rank 0 to
 validate or save, each longer than a healthy wait, so that a stop whose ranks all answer
@@ -39,6 +40,7 @@ GRACE_S = 1.0  # before training: how long a stuck wait may still end by itself
 TRAINING_GRACE_S = 10.0  # an update's collectives: well above a healthy wait for a peer
 RANK_ZERO_GRACE_S = 25.0  # waits for rank 0's validation or save: longer, under torchrun's 30 s
 POLL_S = 0.05  # how often the woken thread looks at the main thread, after a stop signal
+RUNNING_CPU_S = 0.001  # CPU time per look that shows the main thread running, not waiting
 _ACTIVE: StopRequest | None = None  # the installed request, for blocking_wait
 
 
@@ -119,18 +121,24 @@ class StopRequest:
             os.close(read)
 
     def _end_a_stuck_wait(self, signum: int) -> None:
-        """End the process when the main thread stays in a marked wait, without running
-        Python, for that wait's grace; return when the request is uninstalled."""
+        """End the process when the main thread stays in a marked wait for that wait's
+        grace without running: neither its Python position nor its CPU time moves (a
+        collective's wait sleeps; Python, or a long C++ computation, uses the CPU; sampling
+        the position alone misses a tight Python loop, always seen at the same instruction,
+        where it lets other threads in). Returns when the request is uninstalled."""
         main = threading.main_thread().ident
-        seen, since = None, time.monotonic()
+        seen, cpu_seen, since = None, _cpu_time(main), time.monotonic()
         while self._wakeup is not None:
             waiting = self._waiting
             frame = sys._current_frames().get(main) if waiting is not None else None
             where = (id(frame), frame.f_lasti) if frame is not None else None
             del frame
-            now = time.monotonic()
-            if waiting is None or where != seen:  # not waiting, or Python ran meanwhile
-                seen, since = where, now
+            cpu, now = _cpu_time(main), time.monotonic()
+            ran = where != seen or (cpu is not None and cpu_seen is not None
+                                    and cpu - cpu_seen > RUNNING_CPU_S)
+            seen, cpu_seen = where, cpu
+            if waiting is None or ran:
+                since = now
             elif now - since >= waiting.grace_s:
                 self._exit_stuck(signum, waiting)
             time.sleep(POLL_S)
@@ -174,6 +182,14 @@ def blocking_wait(what: str, grace_s: float = GRACE_S, cost: str = "nothing was 
         yield
     finally:
         active._waiting = outer  # a stop asked meanwhile stops at the next boundary
+
+
+def _cpu_time(thread: int | None) -> float | None:
+    """The CPU time a thread of this process has used (None where the OS cannot tell)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread))  # type: ignore[arg-type]
+    except (AttributeError, OSError, TypeError):
+        return None
 
 
 def signal_name(signum: int) -> str:

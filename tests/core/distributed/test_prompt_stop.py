@@ -53,7 +53,9 @@ def test_a_stop_signal_ends_a_wait_stuck_in_c_but_not_one_running_python(case: s
     without running Python for the grace ends with 143 and one line (the broken variant, no
     watch after the signal, hangs until the subprocess timeout); one that keeps running
     Python in the wait for longer than the grace is left alone and sees the stop request
-    (the broken variant, a deadline from the signal alone, kills it)."""
+    (the broken variants: a deadline from the signal alone kills it every time; judging by
+    the Python position alone, which a tight loop shows at the same instruction whenever
+    it lets the watching thread in, killed it in 1 of 6 runs)."""
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", STUCK, case], cwd=REPO, env=worker_env(),
                           capture_output=True, text=True, timeout=30)
