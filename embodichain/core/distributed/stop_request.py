@@ -11,12 +11,11 @@ after a stop signal, a thread woken by it (through `signal.set_wakeup_fd`) watch
 thread, and one that stays in a marked wait without running (no Python executed, no CPU
 time used: a wait sleeps) for the wait's grace ends the process with the signal's code and
 one line saying where it was stuck and what that costs, instead of torchrun's SIGKILL 30 s
-later with no word (R-PROC-3). Before
-training the grace is 1 s (nothing is lost); in an update's collectives it is
-`TRAINING_GRACE_S`, and `RANK_ZERO_GRACE_S` where the other ranks wait for rank 0 to
-validate or save, each longer than a healthy wait, so that a stop whose ranks all answer
-still ends with its snapshot. The rank that was waited for then finds its peer
-gone and stops too, keeping the last snapshot (training/stops).
+later with no word (R-PROC-3). Before training the grace is 1 s (nothing is lost); in an
+update's collectives it is `TRAINING_GRACE_S`, and `RANK_ZERO_GRACE_S` where the other ranks
+wait for rank 0 to validate or save, each longer than a healthy wait, so that a stop whose
+ranks all answer still ends with its snapshot. The rank that was waited for then finds its
+peer gone and stops too, keeping the last snapshot (training/stops).
 """
 
 from __future__ import annotations
