@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from conftest import REPO, assert_ok, child_pids, run_cli, run_torchrun, worker_env, write_recipe
@@ -64,6 +65,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _torchrun_train(recipe: Path) -> list[str]:
+    """`torchrun --standalone --nproc-per-node=2 -m embodichain train-sl --config RECIPE`."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
+            "--no-progress"]
+
+
+def _start(cmd: list[str], tmp_path: Path, **env: str) -> tuple[subprocess.Popen, IO[str]]:
+    """`cmd` in a session of its own, its output to tmp_path/out.txt (the open file)."""
+    out = (tmp_path / "out.txt").open("w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True, env=_env(**env))
+    return proc, out
+
+
 def _wait_for_the_block(proc: subprocess.Popen, release: Path, tmp_path: Path) -> None:
     """Until both ranks wait at BLOCK_AT (tests/factories/blocking.py)."""
     deadline = time.monotonic() + 240
@@ -79,13 +95,10 @@ def _kill_launcher_at_the_block(cmd: list[str], run: Path, tmp_path: Path, *, gr
     process group if `group`), let the ranks go; returns the seconds from the kill to the
     last worker's end, and what the run printed."""
     release = tmp_path / "release"
-    out = (tmp_path / "out.txt").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                            env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
-                                     EMBODICHAIN_TEST_BLOCK_FILE=str(release),
-                                     # an orphan that trained on would outlive the deadline
-                                     EMBODICHAIN_TEST_PACE_S="0.25"))
+    proc, out = _start(cmd, tmp_path, EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
+                       EMBODICHAIN_TEST_BLOCK_FILE=str(release),
+                       # an orphan that trained on would outlive the deadline
+                       EMBODICHAIN_TEST_PACE_S="0.25")
     try:
         _wait_for_the_block(proc, release, tmp_path)
         workers = child_pids(proc.pid)
@@ -129,10 +142,8 @@ def test_sigkill_of_the_torchrun_agent_stops_its_workers_with_a_snapshot(
         reference: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
-           "--no-progress"]
-    seconds, printed = _kill_launcher_at_the_block(cmd, run, tmp_path, group=False)
+    seconds, printed = _kill_launcher_at_the_block(_torchrun_train(recipe), run, tmp_path,
+                                                   group=False)
     print(f"torchrun agent SIGKILLed: last worker ended {seconds:.2f} s later")
     _check_stopped_then_resume(
         run, printed, lambda: run_torchrun("resume", str(run), "--no-progress", env=_env()),
@@ -172,13 +183,9 @@ def test_sigterm_while_a_rank_hangs_ends_the_waiting_rank_promptly(reference: Pa
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     release = tmp_path / "release"
-    out = (tmp_path / "out.txt").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-         "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
-         "--no-progress"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
-                                         EMBODICHAIN_TEST_BLOCK_FILE=str(release)))
+    proc, out = _start(_torchrun_train(recipe), tmp_path,
+                       EMBODICHAIN_TEST_BLOCK_AT=str(BLOCK_AT),
+                       EMBODICHAIN_TEST_BLOCK_FILE=str(release))
     ranks: dict[int, int] = {}
     try:
         _wait_for_the_block(proc, release, tmp_path)
@@ -224,14 +231,10 @@ def test_sigterm_during_a_long_validation_still_ends_with_a_snapshot(tmp_path: P
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     release = tmp_path / "release"
-    out = (tmp_path / "out.txt").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-         "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
-         "--no-progress"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-        start_new_session=True, env=_env(EMBODICHAIN_TEST_BLOCK_FILE=str(release),
-                                         EMBODICHAIN_TEST_SLOW_VALIDATION_AT="50",
-                                         EMBODICHAIN_TEST_SLOW_VALIDATION_S="14"))
+    proc, out = _start(_torchrun_train(recipe), tmp_path,
+                       EMBODICHAIN_TEST_BLOCK_FILE=str(release),
+                       EMBODICHAIN_TEST_SLOW_VALIDATION_AT="50",
+                       EMBODICHAIN_TEST_SLOW_VALIDATION_S="14")
     try:
         deadline = time.monotonic() + 240
         while not Path(f"{release}.validating").exists():
