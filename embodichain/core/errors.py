@@ -53,6 +53,14 @@ class TrainingError(EmbodichainError):
     """A failure during training, e.g. a save that failed on rank 0 (exit 1)."""
 
 
+class DataFailure(TrainingError):
+    """Loading training data failed: an example raised, or a data worker died (exit 1).
+
+    Raised by the data layer with what failed; the trainer completes the message with the
+    snapshot the run can continue from.
+    """
+
+
 class Stopped(EmbodichainError):
     """The run stopped on SIGINT / SIGTERM after saving a snapshot (exit 130 / 143).
 

@@ -21,7 +21,7 @@ from embodichain.core.distributed.stop_request import (
     TRAINING_GRACE_S,
     blocking_wait,
 )
-from embodichain.core.errors import UsageError
+from embodichain.core.errors import TrainingError, UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
 
 
@@ -274,6 +274,20 @@ def barrier() -> None:
 def rank_zero_origin() -> dict[str, Any]:
     """Where rank 0 runs, sent with a failure or refusal so that others can wait for it."""
     return {"pid": os.getpid(), "host": socket.gethostname()}
+
+
+def raise_if_rank_zero_failed(failure: str | None, what: str, waiting_for: str,
+                              **shared: Any) -> dict[str, Any]:
+    """Every rank learns whether rank 0 failed (validating, saving); if so every rank raises
+    TrainingError with rank 0's `what` (only rank 0 may know which file failed), so none
+    hangs. `shared`: rank 0's values that ride along, returned in the outcome."""
+    mine = {"failure": failure, "what": what, **rank_zero_origin(), **shared}
+    with waiting_for_others(waiting_for, on_rank_zero=True):
+        outcome = broadcast_from_rank_zero(mine if is_rank_zero() else None)
+    if outcome["failure"]:
+        wait_for_rank_zero_exit(outcome)
+        raise TrainingError(f"{outcome['what']}: {outcome['failure']}")
+    return outcome
 
 
 def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:

@@ -16,14 +16,14 @@ from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.limits import framework_limit_problems
-from embodichain.core.recipe.messages import (
+from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
+from embodichain.core.recipe.validation_errors import (
     allows_none,
     annotation_at,
     format_validation_error,
     is_text,
     strict_value_problems,
 )
-from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
 
 
 @dataclass(frozen=True)

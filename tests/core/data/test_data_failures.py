@@ -14,7 +14,7 @@ from pathlib import Path
 from conftest import child_pids, REPO, run_torchrun
 from data_runs import data_env, data_recipe
 
-from embodichain.core.data.source import ReplacementSampler
+from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
 
 TRAIN_SIZE, BATCH = 1024, 32
