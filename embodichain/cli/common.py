@@ -32,7 +32,7 @@ def error_console() -> Console:
 
 @contextlib.contextmanager
 def reported_errors(debug: bool = False) -> Iterator[None]:
-    """Turn errors into one paragraph and an exit code (2 bad input, 1 failure; SPEC §9).
+    """Turn errors into one paragraph and an exit code (2 bad input, 1 failure; design §9).
 
     Under torchrun a usage error or a signal stop is printed by rank 0 alone (every rank
     reaches the same verdict); failures are printed by every rank, prefixed with its rank.

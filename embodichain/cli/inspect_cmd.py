@@ -49,7 +49,7 @@ def inspect_checkpoint(
         else:
             render(report)
         if config is not None and report["resume"]["compatible"] is False:
-            raise typer.Exit(1)  # SPEC §9: 0 may resume, 1 may not, 2 bad input
+            raise typer.Exit(1)  # design §9: 0 may resume, 1 may not, 2 bad input
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Error types with their exit codes (SPEC §9): 2 for bad input or a refusal, 1 for a failure."""
+"""Error types with their exit codes (design §9): 2 for bad input or a refusal, 1 for a failure."""
 
 from __future__ import annotations
 

@@ -293,7 +293,7 @@ def raise_if_rank_zero_failed(failure: str | None, what: str, waiting_for: str,
 def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
     """Called by every rank when rank 0 stops the run (refusal or failure), before raising.
 
-    Guarantee (SPEC §9): each worker ends with the run's own exit code (2 for a refusal, 1
+    Guarantee (design §9): each worker ends with the run's own exit code (2 for a refusal, 1
     for a failure), also on a loaded machine, and rank 0 prints the reason. torchrun stops
     the remaining workers with SIGTERM as soon as the first one exits, so from here until
     it exits every rank ignores SIGTERM: a rank still shutting down when torchrun reacts

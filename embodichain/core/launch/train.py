@@ -3,7 +3,7 @@
 Rank 0 alone inspects, locks and claims the output directory and reads the checkpoint
 (resume_policy decides how the run starts); it then sends every rank the outcome, so a
 refusal is decided (and printed) once and all ranks exit with the same code (R-DIST-5,
-SPEC §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
+design §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
 """
 
 from __future__ import annotations

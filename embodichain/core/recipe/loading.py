@@ -280,7 +280,7 @@ def _no_schema_problems(raw: Mapping[str, Any], factory_ref: str) -> list[str]:
     `model: unknown key` (which reads as a typo in the recipe)."""
     return [f"{key}: factory '{factory_ref}' has no config_schema, so it takes no `{key}` "
             "section; declare the factory's sections (`build_supervised_trainer.config_schema "
-            "= MyRecipe`, a Section or dataclass: see the README's 'Writing a factory')"
+            "= MyRecipe`, a Section or dataclass: see docs/factories.md)"
             for key in raw if key not in FrameworkConfig.model_fields]
 
 

@@ -132,7 +132,7 @@ class TrainerConfig(Section):
     early_stop: EarlyStopConfig | None = None
     """Stop after `patience` validations without improving the best metric (a snapshot is
     written; the run counts as complete)."""
-    # -- data loading (SPEC §11): worker processes, prefetch depth, sampling ------------
+    # -- data loading (design §11): worker processes, prefetch depth, sampling ------------
     data_workers: NonNegativeInt = 0
     """Processes of torch's DataLoader loading a `DatasetSource` (0: the training process).
     The trained model is the same for every value."""

@@ -1,4 +1,4 @@
-"""`trainer.on_nonfinite`: what a non-finite global loss does to a run (SPEC §9).
+"""`trainer.on_nonfinite`: what a non-finite global loss does to a run (design §9).
 
 The loss is computed from the all-reduced totals of the update, so every rank sees the same
 value and takes the same decision without a collective of its own. The update itself is never

@@ -78,7 +78,8 @@ def test_skip_continues_without_applying_the_update(tmp_path: Path) -> None:
 
 
 def test_helpers() -> None:
-    from embodichain.core.training.nonfinite import finite_values, nonfinite_loss
+    from embodichain.core.runs.run_dir import finite_values
+    from embodichain.core.training.nonfinite import nonfinite_loss
 
     assert nonfinite_loss([4.0, float("nan")]) and nonfinite_loss([4.0, float("inf"), 1.0])
     assert not nonfinite_loss([0.0, 0.0]) and not nonfinite_loss([2.0, 3.0])
