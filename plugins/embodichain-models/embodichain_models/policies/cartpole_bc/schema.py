@@ -33,7 +33,7 @@ class ModelSection(Section):
 class DataSection(Section):
     root: DatasetRoot
     """The LeRobot v3.0 dataset written by the prepare command."""
-    val_episodes: PositiveInt = 6
+    val_episodes: PositiveInt = 10
     """The last N episodes are held out (their action error is validated)."""
     frames: PositiveInt = 2
     """Camera frames per example, the last one current (two show the motion)."""
