@@ -12,7 +12,8 @@
 3. Identity: the start-up cost of the source's identity for the prepared dataset, first
    (every file hashed) and then cached (the digests beside the files), per GB.
 
-    python benchmarks/lerobot_source.py --episodes 40 --batches 20 --rounds 3 --updates 150
+    python benchmarks/lerobot_source.py --episodes 40 --batches 20 --rounds 3 \
+        --updates 150 --pairs 2
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=20, help="batches of 64 per measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--updates", type=int, default=150)
+    parser.add_argument("--pairs", type=int, default=2, help="train-sl / hand-written pairs")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from embodichain_models.policies.cartpole_bc.prepare import prepare
@@ -201,10 +203,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = prepare(Path(tmp) / "data", args.episodes, seed=0)
         results = {"loading": loading(root, args.batches, args.rounds)}
-        (Path(tmp) / "fw").mkdir()
-        fw = framework_loop(root, args.updates, 2, Path(tmp) / "fw")
-        hand = hand_loop(root, args.updates, 2)
-        results["update"] = {"train_sl_s": fw, "hand_s": hand, "ratio": fw / hand}
+        fw, hand = [], []
+        for pair in range(args.pairs):  # alternating, so both see the same machine load
+            work = Path(tmp) / f"fw{pair}"
+            work.mkdir()
+            fw.append(framework_loop(root, args.updates, 2, work))
+            hand.append(hand_loop(root, args.updates, 2))
+        results["update"] = {"train_sl_s": statistics.median(fw),
+                             "hand_s": statistics.median(hand),
+                             "ratio": statistics.median(a / b for a, b in zip(fw, hand,
+                                                                              strict=True)),
+                             "pairs": [[a, b] for a, b in zip(fw, hand, strict=True)]}
         print(json.dumps(results["update"]), flush=True)
         results["identity"] = identity_cost(root)
         print(json.dumps(results["identity"]), flush=True)
