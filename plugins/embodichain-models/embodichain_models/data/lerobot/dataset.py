@@ -77,7 +77,7 @@ class LeRobotFrames:
     def _check_deltas(self, deltas: dict[str, Sequence[float]]) -> dict[str, np.ndarray]:
         indices = {}
         for key, offsets in deltas.items():
-            if key not in self.features:
+            if key not in self.meta.tensor_keys:
                 raise LeRobotFormatError(
                     f"delta_timestamps names {key!r}, which the dataset at {self.root} does "
                     f"not have (its features: {', '.join(self.features)})")
@@ -159,7 +159,7 @@ class LeRobotFrames:
             rows_of[key] = first_row + np.clip(wanted, 0, episode.length - 1)
             example[f"{key}_is_pad"] = torch.from_numpy((wanted < 0) | (wanted >= episode.length))
         row = first_row + offset
-        for key in self.features:
+        for key in self.meta.tensor_keys:
             rows = rows_of.get(key)
             picked = np.array([row]) if rows is None else rows
             if key in self.meta.video_keys:

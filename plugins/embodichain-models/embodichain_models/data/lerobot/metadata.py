@@ -66,9 +66,14 @@ class LeRobotMeta:
         return [k for k, f in self.features.items() if f.get("dtype") == "image"]
 
     @property
+    def tensor_keys(self) -> list[str]:
+        """The features an example holds (text features, which are no tensors, are left out)."""
+        return [k for k, f in self.features.items() if f.get("dtype") != "string"]
+
+    @property
     def column_keys(self) -> list[str]:
-        """Features stored in the parquet tables (everything but the videos)."""
-        return [k for k in self.features if k not in self.video_keys]
+        """Features read from the parquet tables (all but the videos and text)."""
+        return [k for k in self.tensor_keys if k not in self.video_keys]
 
 
 def _json(path: Path) -> Any:
@@ -124,8 +129,19 @@ def read_info(root: Path) -> dict[str, Any]:
     return info
 
 
+def require_extra() -> None:
+    """An ImportError saying how to install pyarrow and PyAV when either is missing."""
+    for module in ("pyarrow", "av"):
+        try:
+            __import__(module)
+        except ImportError as exc:
+            raise ImportError(f"reading LeRobot datasets needs {module}: pip install "
+                              "'embodichain-models[lerobot]'") from exc
+
+
 def read_meta(root: str | Path) -> LeRobotMeta:
     """Read and check a dataset's metadata (no table rows, no video frames)."""
+    require_extra()
     root = Path(root)
     info = read_info(root)
     if info["codebase_version"] == "v3.0":

@@ -42,7 +42,7 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
         options = dataset_options(config, meta.fps)
         source = lerobot_source(data.root, episodes=indices[:-data.val_episodes], **options)
         held_out = LeRobotFrames(data.root, episodes=indices[-data.val_episodes:], **options)
-    except LeRobotFormatError as exc:
+    except (LeRobotFormatError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     stats = meta.stats
     size = int(meta.features[IMAGE_KEY]["shape"][0])
