@@ -118,7 +118,7 @@ def loading(root: Path, batches: int, rounds: int) -> list[dict]:
 
 
 def hand_loop(root: Path, updates: int, workers: int) -> float:
-    """Median seconds per update of the hand-written loop (after 10 warm-up updates)."""
+    """Seconds per update of the hand-written loop: wall time after 10 warm-up updates."""
     from embodichain_models.data.lerobot.dataset import LeRobotFrames
     from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy, objective
 
@@ -129,20 +129,19 @@ def hand_loop(root: Path, updates: int, workers: int) -> float:
                         torch.tensor(stats["observation.state"]["std"])[[0, 2, 3]].float(),
                         torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    times, last = [], time.perf_counter()
-    for batch in _loader(dataset, workers, updates, 0):
+    start = 0.0
+    for n, batch in enumerate(_loader(dataset, workers, updates, 0)):
+        if n == 10:
+            start = time.perf_counter()
         result = objective(model, batch)
         optimizer.zero_grad()
         result.loss.backward()
         optimizer.step()
-        now = time.perf_counter()
-        times.append(now - last)
-        last = now
-    return statistics.median(times[10:])
+    return (time.perf_counter() - start) / (updates - 10)
 
 
 def framework_loop(root: Path, updates: int, workers: int, work: Path) -> float:
-    """Median seconds per update of `train-sl` (from its logged rates, after warm-up)."""
+    """Seconds per update of `train-sl`: its logged elapsed time from update 10 to the end."""
     from importlib.resources import files
 
     recipe = yaml.safe_load(files("embodichain_models.recipes").joinpath("cartpole_bc.yaml")
@@ -155,10 +154,9 @@ def framework_loop(root: Path, updates: int, workers: int, work: Path) -> float:
     subprocess.run([sys.executable, "-m", "embodichain", "train-sl", "--config",
                     str(work / "r.yaml"), "--no-progress"], check=True, capture_output=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
-    rates = [json.loads(line).get("time/updates_per_s") for line in
-             (work / "run/metrics.jsonl").read_text().splitlines()]
-    rates = [r for r in rates if r][1:]  # the first window holds the start
-    return 1.0 / statistics.median(rates)
+    records = [json.loads(line) for line in (work / "run/metrics.jsonl").read_text().splitlines()]
+    elapsed = {r["step"]: r["time/elapsed_s"] for r in records if "time/elapsed_s" in r}
+    return (elapsed[updates] - elapsed[10]) / (updates - 10)
 
 
 def identity_cost(root: Path) -> dict:
