@@ -12,8 +12,7 @@
 3. Identity: the start-up cost of the source's identity for the prepared dataset, first
    (every file hashed) and then cached (the digests beside the files), per GB.
 
-    python benchmarks/lerobot_source.py --episodes 40 --batches 20 --rounds 3 \
-        --updates 150 --pairs 2
+    python benchmarks/lerobot_source.py --episodes 40 --batches 20 --rounds 3 --updates 150
 """
 
 from __future__ import annotations
