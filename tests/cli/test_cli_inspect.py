@@ -12,8 +12,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import REPO, run_cli, worker_env, write_recipe
+
+from tests.support import REPO, run_cli, worker_env, write_recipe
+from tests.support.cli import invoke
 
 PARAMETERS = 4 * 32 + 32 + 32 * 2 + 2  # the 4 -> 32 -> 2 MLP of cpu.yaml
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import (
+
+from embodichain.core.observe.summary import summary_lines
+from tests.support import (
     FACTORIES,
     assert_ok,
     run_cli,
@@ -24,8 +25,7 @@ from conftest import (
     worker_env,
     write_recipe,
 )
-
-from embodichain.core.observe.summary import summary_lines
+from tests.support.cli import invoke
 
 SMALL = {"trainer.max_updates": 20, "trainer.validate_every": 10, "trainer.save_every": 10,
          "trainer.log_every": 5}

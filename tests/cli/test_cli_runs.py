@@ -6,10 +6,9 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, write_recipe
-
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import assert_ok, run_cli, write_recipe
 
 
 def runs_json(root: Path) -> dict[str, dict]:

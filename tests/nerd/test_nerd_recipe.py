@@ -14,7 +14,8 @@ import torch
 import yaml
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
-from state_compare import assert_training_state_equal
+
+from tests.support.state_compare import assert_training_state_equal
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"

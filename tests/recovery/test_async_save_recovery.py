@@ -18,12 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TESTS, assert_ok, run_torchrun, write_recipe
-from recovery_helpers import assert_training_state_equal, factory_env, metrics
-from state_compare import comparable_records
-from test_recovery_save_failure import assert_only_torchruns_traceback
 
 from embodichain.core.checkpoint.file import read_checkpoint, step_files
+from tests.support import REPO, TESTS, assert_ok, run_torchrun, write_recipe
+from tests.support.recovery import (
+    assert_only_torchruns_traceback,
+    assert_training_state_equal,
+    factory_env,
+    metrics,
+)
+from tests.support.state_compare import comparable_records
 
 GUARD = 240
 PACED = "restarting:build_supervised_trainer"  # EMBODICHAIN_TEST_SLEEP_S per update

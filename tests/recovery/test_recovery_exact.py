@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, run_torchrun, snapshot_dir, write_recipe
-from recovery_helpers import (
+from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, run_cli, run_torchrun, snapshot_dir, write_recipe
+from tests.support.recovery import (
     assert_state_equal,
     assert_training_state_equal,
     factory_env,
@@ -17,9 +18,7 @@ from recovery_helpers import (
     run_json,
     without_time,
 )
-from state_compare import assert_same_outcome
-
-from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support.state_compare import assert_same_outcome
 
 GUARD = 240  # seconds: a deadlocked collective fails the test instead of hanging CI
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
-from recovery_helpers import metrics, run_json
 
 from embodichain.core.checkpoint.file import payload_digest, read_checkpoint, step_files
 from embodichain.core.errors import CheckpointCorruptError, UnsafeCheckpointError
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
+from tests.support.recovery import metrics, run_json
 
 FORCE_UNSAFE = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 

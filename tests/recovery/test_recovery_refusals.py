@@ -14,7 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.data.source import TensorSource
+from embodichain.plugins import sl_ddp
+from tests.support import (
     assert_ok,
     run_cli,
     run_torchrun,
@@ -22,11 +26,7 @@ from conftest import (
     workers_output,
     write_recipe,
 )
-from recovery_helpers import factory_env, metrics, rewrite_checkpoint, run_json
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.data.source import TensorSource
-from embodichain.plugins import sl_ddp
+from tests.support.recovery import factory_env, metrics, rewrite_checkpoint, run_json
 
 GUARD = 240
 

@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from recovery_helpers import HERE, factory_env
-from state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
 from embodichain.core.checkpoint.file import read_checkpoint, step_files
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from tests.support.recovery import RECOVERY, factory_env
+from tests.support.state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
 FRESH_KILLS, CHAIN_KILLS, SEED = 16, 8, 20240601
 
@@ -84,7 +84,7 @@ def test_sigkill_at_random_moments_leaves_everything_readable(tmp_path: Path) ->
                           **{"trainer.max_updates": 1_000_000, "trainer.save_every": 1,
                              "trainer.log_every": 1, "trainer.validate_every": 0})
     root = tmp_path / "kills"
-    proc = subprocess.run([sys.executable, str(HERE / "sigkill_driver.py"), str(recipe),
+    proc = subprocess.run([sys.executable, str(RECOVERY / "sigkill_driver.py"), str(recipe),
                            str(root), str(FRESH_KILLS), str(CHAIN_KILLS), str(SEED)],
                           cwd=REPO, env=worker_env(PYTHONPATH=str(REPO)), capture_output=True,
                           text=True, timeout=300)

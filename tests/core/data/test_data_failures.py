@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import child_pids, REPO, run_torchrun
-from data_runs import data_env, data_recipe
+from tests.support import child_pids, REPO, run_torchrun
+from tests.support.data import data_env, data_recipe
 
 from embodichain.core.data.source import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics

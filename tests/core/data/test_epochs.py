@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from conftest import assert_ok, run_torchrun
-from data_runs import data_env, data_recipe
-from state_compare import assert_training_state_equal, comparable_records
+from tests.support import assert_ok, run_torchrun
+from tests.support.data import data_env, data_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.data.samplers import EpochSampler
 

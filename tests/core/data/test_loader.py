@@ -15,9 +15,8 @@ from embodichain.core.data.dataset_source import DatasetSource, digest_path, fil
 from embodichain.core.data.loader import BatchLoader, example_seed
 from embodichain.core.data.source import ReplacementSampler, TensorSource
 from embodichain.core.errors import TrainingError
+from tests.factories.augmenting import AugmentingDataset
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "factories"))
-from augmenting import AugmentingDataset  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TESTS, assert_ok, run_torchrun, worker_env
 
 from embodichain.core.distributed.process_group import resolve_device
 from embodichain.core.errors import UsageError
 from embodichain.core.training.learner import Learner
 from embodichain.learning.sl import OptimizerConfig, distributed_run
+from tests.support import TESTS, assert_ok, run_torchrun, worker_env
 
 SCRIPTS = TESTS / "scripts"
 

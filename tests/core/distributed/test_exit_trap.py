@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
+
+from tests.support import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
 
 LAUNCHES = 20
 SHORT = ["--set", "trainer.max_updates=20", "--set", "trainer.save_every=10",

@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, worker_env, write_recipe
-
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import REPO, worker_env, write_recipe
 
 FACTORIES = REPO / "tests" / "factories"
 

@@ -73,7 +73,7 @@ def test_best_is_the_lowest_with_its_update_and_stopped_runs_say_how_to_continue
 
 
 def test_a_failed_run_says_what_exists_and_how_to_continue(tmp_path: Path) -> None:
-    from conftest import TESTS, run_cli, worker_env, write_recipe
+    from tests.support import TESTS, run_cli, worker_env, write_recipe
 
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, factory="interrupting:build_supervised_trainer")

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, assert_ok, run_cli, worker_env, write_recipe
 
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import TESTS, assert_ok, run_cli, worker_env, write_recipe
 
 FACTORIES = TESTS / "factories"
 BOTH = ["jsonl", "tensorboard"]

@@ -7,16 +7,16 @@ import shutil
 from pathlib import Path
 
 import torch
-from conftest import (
+
+from embodichain.core.runs.run_dir import remove_stale_temp_files
+from tests.support import (
     REPO,
     assert_ok,
     run_torchrun,
     worker_env,
     write_recipe,
 )
-from state_compare import assert_same_outcome
-
-from embodichain.core.runs.run_dir import remove_stale_temp_files
+from tests.support.state_compare import assert_same_outcome
 
 FACTORIES = REPO / "tests" / "factories"
 

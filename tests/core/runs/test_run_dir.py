@@ -11,7 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from embodichain.core.errors import RefusedError
+from embodichain.core.runs.run_dir import claim
+from tests.support import (
     REPO,
     TESTS,
     TIMEOUT,
@@ -22,9 +25,6 @@ from conftest import (
     workers_output,
     write_recipe,
 )
-
-from embodichain.core.errors import RefusedError
-from embodichain.core.runs.run_dir import claim
 
 SCRIPTS = TESTS / "scripts"
 REFUSAL = "already holds a run"

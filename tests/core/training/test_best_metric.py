@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.facts import checkpoint_step
+from embodichain.core.runs.run_dir import read_metrics
+from tests.support import (
     FACTORIES,
     assert_ok,
     run_cli,
@@ -24,11 +28,7 @@ from conftest import (
     worker_env,
     write_recipe,
 )
-from state_compare import assert_training_state_equal, comparable_records
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.runs.facts import checkpoint_step
-from embodichain.core.runs.run_dir import read_metrics
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 PATIENCE = 3
 MAX_UPDATES = 400

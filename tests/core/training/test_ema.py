@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ok, run_cli, run_torchrun, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 from torch import nn
 
 from embodichain.core.checkpoint.file import read_checkpoint
@@ -17,6 +15,8 @@ from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.training.ema import Ema
 from embodichain.learning.sl import Learner, LossResult
 from embodichain.plugins.sl_ddp import make_corpus, make_model, masked_mse, validation_seed
+from tests.support import assert_ok, run_cli, run_torchrun, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 CPU = torch.device("cpu")
 DECAY = 0.9

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.resume_policy import config_differences
+from tests.support import SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 LR = 0.1  # accumulated_update.py's SGD learning rate
 

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_torchrun, write_recipe
+
+from tests.support import run_cli, run_torchrun, write_recipe
 
 # SGD at this rate diverges within a few updates: the loss reaches inf, then nan.
 DIVERGING = {"optimizer.name": "sgd", "optimizer.lr": 1.0e6, "trainer.max_updates": 30,

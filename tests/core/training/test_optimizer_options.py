@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 from torch import nn
 
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.learning.sl import Learner, LossResult
+from tests.support import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 CPU = torch.device("cpu")
 

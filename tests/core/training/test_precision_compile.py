@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, assert_ok, run_cli, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import REPO, assert_ok, run_cli, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 HAS_COMPILER = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 NERD_RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"

@@ -1,8 +1,4 @@
-"""Helpers shared by the CLI tests.
-
-Plain functions, not fixtures, on purpose: a `tests/cli/conftest.py` would be imported as
-module `conftest` too and shadow the top-level one that test modules import helpers from.
-"""
+"""Helpers shared by the CLI tests: the CLI in this process, throwaway plugins."""
 
 from __future__ import annotations
 
