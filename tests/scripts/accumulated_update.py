@@ -26,7 +26,8 @@ from torch import nn
 from embodichain.core.data.source import ReplacementSampler
 from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.training.micro_batches import MicroBatches
-from embodichain.learning.sl import Learner, LossResult, distributed_run
+from embodichain.learning.sl import Learner, distributed_run
+from embodichain.plugins import sl_ddp
 
 K, B, UPDATES, LR = 3, 4, 5, 0.1
 ZERO_MICRO = (1, 1)  # (update, micro-batch) with zero weight on rank 0
@@ -42,13 +43,7 @@ def corpus() -> dict[str, torch.Tensor]:
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-
-
-def masked_mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-    squared = (model(batch["x"]) - batch["y"]).square() * batch["mask"]
-    weight = batch["mask"].sum()
-    return LossResult(loss=squared.sum() / weight.clamp_min(1.0), weight=weight)
+    return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -94,7 +89,7 @@ def main(out: Path) -> None:
             before.append(params(learner.model))
             start = counter.calls
             summaries.append(learner.update(
-                masked_mse, MicroBatches(sampler.next_indices(), B, gather)))
+                sl_ddp.masked_mse, MicroBatches(sampler.next_indices(), B, gather)))
             calls.append(counter.calls - start)
         after = params(learner.model)
         learner.release()
@@ -102,7 +97,7 @@ def main(out: Path) -> None:
         seen.append([])
         single = Learner(make_model(), OptimizerConfig(name="sgd", lr=LR), None, 10, device)
         start = counter.calls
-        single.update(masked_mse, MicroBatches(sampler.next_indices()[:B], B, gather))
+        single.update(sl_ddp.masked_mse, MicroBatches(sampler.next_indices()[:B], B, gather))
         k1_calls = counter.calls - start
         single.release()
     out.mkdir(parents=True, exist_ok=True)

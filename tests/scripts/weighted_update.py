@@ -1,4 +1,5 @@
-"""Weighted updates through the real Learner (R-DIST-3), written for tests/test_weighted_update.py.
+"""Weighted updates through the real Learner (R-DIST-3), for tests/core/training/
+test_weighted_update.py.
 
     torchrun --nproc-per-node=2 -m weighted_update OUT     # 2 gloo workers, DDP comm hook
     python -m weighted_update OUT                          # one process, the union batch
@@ -21,7 +22,8 @@ import torch
 from torch import nn
 
 from embodichain.core.recipe.schema import OptimizerConfig
-from embodichain.learning.sl import Learner, LossResult, distributed_run
+from embodichain.learning.sl import Learner, distributed_run
+from embodichain.plugins import sl_ddp
 
 ROWS = (range(0, 6), range(6, 12))
 # Supervised targets per row (2 targets per row). Rank 0 holds 10, rank 1 holds 4: unequal, so
@@ -41,14 +43,7 @@ def table() -> dict[str, torch.Tensor]:
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)  # identical initial parameters on every rank and in every mode
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-
-
-def masked_mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-    """The local masked mean over the supervised targets, weighted by their count."""
-    squared = (model(batch["x"]) - batch["y"]).square() * batch["mask"]
-    weight = batch["mask"].sum()
-    return LossResult(loss=squared.sum() / weight.clamp_min(1.0), weight=weight)
+    return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -66,7 +61,7 @@ def one_update(optimizer: OptimizerConfig, data: dict[str, torch.Tensor], rank: 
                device: torch.device) -> dict:
     learner = Learner(make_model(), optimizer, None, 10, device)
     before = params(learner.model)
-    summary = learner.update(masked_mse, local_batch(data, rank, world))
+    summary = learner.update(sl_ddp.masked_mse, local_batch(data, rank, world))
     out = {"before": before, "after": params(learner.model), "summary": summary}
     learner.release()
     return out
@@ -76,12 +71,12 @@ def zero_weight_with_adam(data: dict[str, torch.Tensor], rank: int, world: int,
                           device: torch.device) -> dict:
     """A normal Adam update (so Adam has momentum), then a batch with zero total weight."""
     learner = Learner(make_model(), OptimizerConfig(name="adam", lr=0.01), None, 10, device)
-    learner.update(masked_mse, local_batch(data, rank, world))
+    learner.update(sl_ddp.masked_mse, local_batch(data, rank, world))
     before = params(learner.model)
     adam_steps_before = [float(s["step"]) for s in learner.optimizer.state.values()]
     empty = local_batch(data, rank, world)
     empty["mask"] = torch.zeros_like(empty["mask"])
-    summary = learner.update(masked_mse, empty)
+    summary = learner.update(sl_ddp.masked_mse, empty)
     out = {
         "before": before,
         "after": params(learner.model),

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import child_pids as child_pids  # one /proc walk for both
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 SCRIPTS = TESTS / "scripts"  # helper scripts that tests launch
@@ -58,21 +60,6 @@ def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNUL
     return subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
                              str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes whose parent is `pid`, read from /proc (torch's agent starts its workers
-    directly, with no shell in between)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
