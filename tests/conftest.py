@@ -12,6 +12,7 @@ import pytest
 
 from tests.support import (
     RESTART_RECIPE,
+    SHORT_RECIPE,
     TIMEOUT,
     assert_ok,
     factories_env,
@@ -65,6 +66,16 @@ def restart_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     recipe = write_recipe(root / "r.yaml", root / "run", **RESTART_RECIPE)
     assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
                            env=factories_env()))
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def short_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SHORT_RECIPE (12 updates, a save after each) trained by 2 torchrun workers without
+    interruption: the reference of the torchrun kill-point scenarios (shared, read-only)."""
+    root = tmp_path_factory.mktemp("short_two_workers")
+    recipe = write_recipe(root / "r.yaml", root / "run", **SHORT_RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=240))
     return root / "run"
 
 

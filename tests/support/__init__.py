@@ -24,9 +24,10 @@ from tests.support.processes import (
     worker_env,
     workers_output,
 )
-from tests.support.recipes import RESTART_RECIPE, write_recipe
+from tests.support.recipes import RESTART_RECIPE, SHORT_RECIPE, write_recipe
 
-__all__ = ["CPU_RECIPE", "FACTORIES", "REPO", "RESTART_RECIPE", "SCRIPTS", "TESTS", "TIMEOUT",
+__all__ = ["CPU_RECIPE", "FACTORIES", "REPO", "RESTART_RECIPE", "SCRIPTS", "SHORT_RECIPE",
+           "TESTS", "TIMEOUT",
            "assert_ok", "child_pids", "factories_env", "run_cli", "run_torchrun",
            "snapshot_dir", "start_endless_run", "tensors_by_path", "worker_env",
            "workers_output", "write_recipe"]

@@ -13,6 +13,10 @@ from tests.support.processes import CPU_RECIPE
 RESTART_RECIPE = {"factory": "restarting:build_supervised_trainer", "trainer.max_updates": 300,
                   "trainer.save_every": 40, "trainer.validate_every": 50, "trainer.log_every": 10}
 
+# Short runs for kill points: a save after every update, no validation.
+SHORT_RECIPE = {"trainer.max_updates": 12, "trainer.save_every": 1, "trainer.log_every": 1,
+                "trainer.validate_every": 0}
+
 
 def write_recipe(path: Path, output_dir: Path, base: Path = CPU_RECIPE, **changes: object
                  ) -> Path:

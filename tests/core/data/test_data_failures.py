@@ -11,11 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support import child_pids, REPO, run_torchrun
-from tests.support.data import data_env, data_recipe
-
 from embodichain.core.data.source import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import REPO, child_pids, run_torchrun
+from tests.support.data import data_env, data_recipe
 
 TRAIN_SIZE, BATCH = 1024, 32
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.support import REPO, TIMEOUT, assert_ok, run_torchrun
 from tests.support.data import data_env, data_recipe
 from tests.support.state_compare import assert_training_state_equal, comparable_records

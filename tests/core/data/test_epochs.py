@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from embodichain.core.data.samplers import EpochSampler
 from tests.support import assert_ok, run_torchrun
 from tests.support.data import data_env, data_recipe
 from tests.support.state_compare import assert_training_state_equal, comparable_records
-
-from embodichain.core.data.samplers import EpochSampler
 
 
 def test_each_epoch_deals_every_example_once_across_the_ranks() -> None:

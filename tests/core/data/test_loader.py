@@ -4,7 +4,6 @@ consumed position, failures, file digests (R-DATA-1..4)."""
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import numpy
@@ -16,7 +15,6 @@ from embodichain.core.data.loader import BatchLoader, example_seed
 from embodichain.core.data.source import ReplacementSampler, TensorSource
 from embodichain.core.errors import TrainingError
 from tests.factories.augmenting import AugmentingDataset
-
 
 CPU = torch.device("cpu")
 
