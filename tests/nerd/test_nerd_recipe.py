@@ -145,6 +145,7 @@ def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) -> None:
     """A 2-worker NeRD run resumed from its step-20 snapshot ends bitwise where it would have."""
     settings = {"trainer.batch_size": 32, "trainer.max_updates": 40, "trainer.save_every": 20,

@@ -29,6 +29,8 @@ from tests.support.recovery import (
 )
 from tests.support.state_compare import comparable_records
 
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
+
 GUARD = 240
 PACED = "restarting:build_supervised_trainer"  # EMBODICHAIN_TEST_SLEEP_S per update
 

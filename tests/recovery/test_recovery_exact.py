@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from embodichain.core.checkpoint.file import read_checkpoint
 from tests.support import assert_ok, run_cli, run_torchrun, snapshot_dir, write_recipe
 from tests.support.recovery import (
@@ -40,6 +42,7 @@ def _check_resumed(run_a: Path, resumed: Path, world_size: int) -> None:
                                  "step": 100}
 
 
+@pytest.mark.slow
 def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: Path,
                                                            tmp_path: Path) -> None:
     """Catches any state restored inexactly (rank 0's streams on every rank, a lost
@@ -74,6 +77,7 @@ def test_one_process_resume_from_step_100_is_bitwise_exact(sl_ddp_one_process: P
     assert snapshot_dir(run_a) == before
 
 
+@pytest.mark.slow
 def test_save_from_validation_callback_completes_and_resumes_exactly(
         sl_ddp_two_workers: Path, tmp_path: Path) -> None:
     """R-VAL-2: rank 0 saves inside validation with no collective; the file is exact."""

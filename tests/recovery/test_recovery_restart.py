@@ -34,6 +34,8 @@ from tests.support import (
 )
 from tests.support.state_compare import assert_same_outcome, event_summary, implied_events
 
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
+
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = RESTART_RECIPE
 MAX_UPDATES = RECIPE["trainer.max_updates"]

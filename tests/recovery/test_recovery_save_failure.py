@@ -13,9 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from embodichain.core.runs.run_dir import read_metrics
 from tests.support import REPO, run_torchrun, write_recipe
 from tests.support.recovery import assert_only_torchruns_traceback, factory_env, metrics
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 GUARD = 240  # a hang fails the test by timeout instead of blocking CI
 # "Promptly": from the failed save to the exit of every rank. torchrun's own teardown takes

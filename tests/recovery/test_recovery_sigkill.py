@@ -209,6 +209,7 @@ WINDOWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", list(WINDOWS))
 def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         short_reference: Path, tmp_path: Path, window: str) -> None:
@@ -269,6 +270,7 @@ def killed_after_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", list(ROLL_BACK_WINDOWS))
 def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished_once(
         short_reference: Path, killed_after_k: Path, tmp_path: Path, window: str) -> None:
@@ -303,6 +305,7 @@ def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished
     _resume_to_the_end(run, short_reference, K, events=expected)
 
 
+@pytest.mark.slow
 def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(short_two_workers: Path,
                                                               tmp_path: Path) -> None:
     """Rank 1 dies while the ranks gather the state of update K for its save."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import traceback
 from pathlib import Path
 
@@ -57,3 +58,12 @@ def make_plugins(root: Path) -> Path:
 def with_pythonpath(env: dict[str, str], *paths: Path) -> dict[str, str]:
     parts = [str(p) for p in paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     return {**env, "PYTHONPATH": os.pathsep.join(parts)}
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """`embodichain ARGS` run by `invoke`, as the CompletedProcess `run_cli` returns: for
+    read-only commands (inspect-checkpoint, runs, validate-config) in tests that are not
+    about the process itself, without a fresh interpreter importing torch for each call."""
+    result = invoke(*args)
+    return subprocess.CompletedProcess(["embodichain", *args], result.exit_code,
+                                       result.stdout, result.stderr)

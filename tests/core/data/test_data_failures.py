@@ -11,10 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from embodichain.core.data.source import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
 from tests.support import REPO, child_pids, run_torchrun
 from tests.support.data import data_env, data_recipe
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 TRAIN_SIZE, BATCH = 1024, 32
 

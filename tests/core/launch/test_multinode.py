@@ -29,6 +29,8 @@ from tests.support import (
 )
 from tests.support.state_compare import assert_same_outcome, comparable_records, implied_events
 
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
+
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = RESTART_RECIPE
 RUN = "outputs/run"  # relative: each node resolves it in its own working directory

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from embodichain.core.observe.summary import summary_lines
 from embodichain.core.runs.run_dir import read_metrics
 
@@ -25,6 +27,7 @@ def _expected(run: Path) -> dict[str, str]:
     return expected
 
 
+@pytest.mark.slow
 def test_summary_once_on_rank_zero_with_the_recorded_figures(sl_ddp_two_workers: Path) -> None:
     run = sl_ddp_two_workers
     stdout = (run.parent / "stdout.txt").read_text()
