@@ -46,6 +46,9 @@ def make_model() -> nn.Module:
     return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
+masked_mse = sl_ddp.masked_mse  # and its objective
+
+
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -89,7 +92,7 @@ def main(out: Path) -> None:
             before.append(params(learner.model))
             start = counter.calls
             summaries.append(learner.update(
-                sl_ddp.masked_mse, MicroBatches(sampler.next_indices(), B, gather)))
+                masked_mse, MicroBatches(sampler.next_indices(), B, gather)))
             calls.append(counter.calls - start)
         after = params(learner.model)
         learner.release()
@@ -97,7 +100,7 @@ def main(out: Path) -> None:
         seen.append([])
         single = Learner(make_model(), OptimizerConfig(name="sgd", lr=LR), None, 10, device)
         start = counter.calls
-        single.update(sl_ddp.masked_mse, MicroBatches(sampler.next_indices()[:B], B, gather))
+        single.update(masked_mse, MicroBatches(sampler.next_indices()[:B], B, gather))
         k1_calls = counter.calls - start
         single.release()
     out.mkdir(parents=True, exist_ok=True)

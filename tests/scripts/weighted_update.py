@@ -46,6 +46,9 @@ def make_model() -> nn.Module:
     return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
+masked_mse = sl_ddp.masked_mse  # and its objective
+
+
 def params(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -61,7 +64,7 @@ def one_update(optimizer: OptimizerConfig, data: dict[str, torch.Tensor], rank: 
                device: torch.device) -> dict:
     learner = Learner(make_model(), optimizer, None, 10, device)
     before = params(learner.model)
-    summary = learner.update(sl_ddp.masked_mse, local_batch(data, rank, world))
+    summary = learner.update(masked_mse, local_batch(data, rank, world))
     out = {"before": before, "after": params(learner.model), "summary": summary}
     learner.release()
     return out
@@ -71,12 +74,12 @@ def zero_weight_with_adam(data: dict[str, torch.Tensor], rank: int, world: int,
                           device: torch.device) -> dict:
     """A normal Adam update (so Adam has momentum), then a batch with zero total weight."""
     learner = Learner(make_model(), OptimizerConfig(name="adam", lr=0.01), None, 10, device)
-    learner.update(sl_ddp.masked_mse, local_batch(data, rank, world))
+    learner.update(masked_mse, local_batch(data, rank, world))
     before = params(learner.model)
     adam_steps_before = [float(s["step"]) for s in learner.optimizer.state.values()]
     empty = local_batch(data, rank, world)
     empty["mask"] = torch.zeros_like(empty["mask"])
-    summary = learner.update(sl_ddp.masked_mse, empty)
+    summary = learner.update(masked_mse, empty)
     out = {
         "before": before,
         "after": params(learner.model),
