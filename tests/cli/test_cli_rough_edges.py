@@ -36,6 +36,7 @@ def small_run(root: Path, name: str = "run", **changes: object) -> tuple[Path, P
     return recipe, root / name
 
 
+@pytest.mark.slow  # several training processes
 def test_resume_with_more_updates_says_the_new_total_and_shows_the_last_validation(
         tmp_path: Path) -> None:
     """Catches the summary (and `runs`) taking the total from the recipe the run began with
@@ -113,6 +114,7 @@ def _fail_at_first_update(recipe: Path, output_dir: Path) -> subprocess.Complete
                    env=worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_FAIL_AT="1"))
 
 
+@pytest.mark.slow  # several training processes
 def test_a_run_that_fails_before_its_first_update_leaves_nothing_in_its_way(
         tmp_path: Path) -> None:
     """Catches a failed first update leaving run.json behind (the same command is then
