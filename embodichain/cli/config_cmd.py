@@ -24,12 +24,25 @@ def validate_config(
 
         # The factory stays unimported when its distribution registers a torch-free schema.
         recipe = load_recipe(config, overrides or [], import_factory=False)
+        warnings = check_on_this_machine(recipe)
         print_recipe(recipe.resolved)
         typer.echo(f"{config}: valid (factory {recipe.config.factory})", err=True)
         # A warning, not an error: the recipe is valid; the directory may change before use.
         problem = output_dir_problem(Path(recipe.config.trainer.output_dir))
         if problem is not None:
             typer.echo(f"warning: {problem}", err=True)
+        for warning in warnings:
+            typer.echo(f"warning: {warning}", err=True)
+
+
+def check_on_this_machine(recipe) -> list[str]:
+    """What train-sl refuses before starting (exit 2) and warns about, on this machine with
+    one rank; the trainer-built checks follow with --build."""
+    from embodichain.core.observe.loggers import check_loggers
+    from embodichain.core.recipe.machine_limits import refuse_or_warn
+
+    check_loggers(recipe.config.trainer.loggers)
+    return [*recipe.warnings, *refuse_or_warn(recipe.config, recipe.source)]
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 
-from embodichain.cli.common import DEBUG_HELP, SET_HELP, env_rank, reported_errors
+from embodichain.cli.common import (
+    DEBUG_HELP,
+    SET_HELP,
+    env_rank,
+    print_warnings,
+    reported_errors,
+)
 
 # No `dir_okay=False`: a directory gets the one-line `error: …` of every bad recipe path.
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.")]
@@ -51,6 +57,8 @@ def train_sl(
         from embodichain.core.runs.resume_policy import Start
 
         recipe = load_recipe(config, overrides or [])
+        # What this machine cannot serve is refused before any worker starts (exit 2).
+        check_machine(recipe, nproc_per_node)
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
@@ -65,6 +73,19 @@ def train_sl(
         from embodichain.core.launch.train import train
 
         train(recipe, start=start, show_progress=not no_progress)
+
+
+def check_machine(recipe, nproc_per_node: int | None) -> None:
+    """Refuse what this node cannot serve for its ranks; warn (once) about large values."""
+    import os
+
+    from embodichain.core.launch.self_launch import should_launch
+    from embodichain.core.recipe.machine_limits import refuse_or_warn
+
+    local_ranks = (nproc_per_node if should_launch(nproc_per_node) and nproc_per_node
+                   else int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    print_warnings([*recipe.warnings,
+                    *refuse_or_warn(recipe.config, recipe.source, local_ranks)])
 
 
 def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
@@ -122,6 +143,7 @@ def resume_run(
         raw, source = dist_utils.from_rank_zero_before_group("resume/recipe", read)
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
         recipe = validate_recipe(raw, source=source, overrides=overrides or [])
+        check_machine(recipe, nproc_per_node)
         train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),
               show_progress=not no_progress)
 

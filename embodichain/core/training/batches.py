@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.loader import BatchLoader
 from embodichain.core.data.samplers import Sampler, make_sampler
 from embodichain.core.data.source import Source
@@ -29,6 +31,12 @@ def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
                  ) -> BatchLoader:
     """`run_directory()`: the attached run's directory (None before one is attached)."""
     t = config.trainer
+    if t.data_workers and not isinstance(source, DatasetSource) and dist_utils.is_rank_zero():
+        # Said once, by rank 0, as the trainer is built: the key is not silently ignored.
+        logging.getLogger("embodichain").warning(
+            "warning: trainer.data_workers: %d has no effect: the factory's source is %s, "
+            "in memory (only a DatasetSource is loaded by worker processes)",
+            t.data_workers, type(source).__name__)
     return BatchLoader(source, sampler, device, seed=config.seed, rank=dist_utils.rank(),
                        workers=t.data_workers, prefetch=t.prefetch,
                        where_to_continue=lambda: where_to_continue(run_directory()))
