@@ -14,9 +14,14 @@ def validate_config(
     config: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
     overrides: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP,
                                                         metavar="KEY=VALUE")] = None,
+    build: Annotated[bool, typer.Option(
+        "--build", help="Also build the factory's trainer in this process (imports torch and "
+        "the factory; trains and writes nothing), to check what only the factory decides: "
+        "its parameter groups, its data source, an evaluate for trainer.save_best.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """Validate a recipe: framework and factory schema, factory, data paths. Exit 0 or 2."""
+    """Validate a recipe: framework and factory schema, factory, data paths, and the sizes
+    this machine can serve. Exit 0 or 2."""
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
         from embodichain.core.recipe.loading import load_recipe
@@ -25,8 +30,13 @@ def validate_config(
         # The factory stays unimported when its distribution registers a torch-free schema.
         recipe = load_recipe(config, overrides or [], import_factory=False)
         warnings = check_on_this_machine(recipe)
+        if build:
+            from embodichain.core.launch.train import check_by_building
+
+            check_by_building(recipe)
         print_recipe(recipe.resolved)
-        typer.echo(f"{config}: valid (factory {recipe.config.factory})", err=True)
+        checked = "" if build else "; the trainer itself was not built: --build checks it too"
+        typer.echo(f"{config}: valid (factory {recipe.config.factory}{checked})", err=True)
         # A warning, not an error: the recipe is valid; the directory may change before use.
         problem = output_dir_problem(Path(recipe.config.trainer.output_dir))
         if problem is not None:

@@ -55,11 +55,7 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     lock = RunLock(Path(config.trainer.output_dir))
     # Installed before the group exists: a signal during set-up stops at the first update.
     with StopRequest() as stop, dist_utils.distributed_run(config.device) as device:
-        _seed_everything(config.seed)
-        trainer = recipe.factory(config, device)
-        if not isinstance(trainer, SupervisedTrainer):
-            raise UsageError(f"factory {config.factory} returned {type(trainer).__name__}, "
-                             "not a SupervisedTrainer")
+        trainer = build_trainer(recipe, device)
         try:
             # Ranks share the model init above; from here on each has its own streams.
             _seed_everything(stream_seed(config.seed, dist_utils.rank()) % (2**32))
@@ -73,6 +69,26 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
         finally:
             trainer.close()
             lock.release()
+
+
+def build_trainer(recipe: Recipe, device: torch.device) -> SupervisedTrainer:
+    """The recipe's trainer from its factory, with the model initialised from the seed
+    (on every rank alike); inside `distributed_run`."""
+    _seed_everything(recipe.config.seed)
+    trainer = recipe.factory(recipe.config, device)
+    if not isinstance(trainer, SupervisedTrainer):
+        raise UsageError(f"factory {recipe.config.factory} returned {type(trainer).__name__}, "
+                         "not a SupervisedTrainer")
+    return trainer
+
+
+def check_by_building(recipe: Recipe) -> None:
+    """Build the recipe's trainer in this process and close it again, training nothing and
+    writing nothing: what only the factory decides (its parameter groups, its source, an
+    evaluate for trainer.save_best) is refused as train-sl would refuse it (UsageError)."""
+    configure_logging(0)  # the build's warnings, as train-sl shows them
+    with dist_utils.distributed_run(recipe.config.device) as device:
+        build_trainer(recipe, device).close()
 
 
 def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, Any],
