@@ -97,8 +97,9 @@ class DiskFullError(OSError):
         parts = [f"the checkpoint needs {_size(needed)}" if needed is not None else None,
                  f"{_size(free)} are free" if free is not None else None]
         detail = ", ".join(p for p in parts if p)
-        super().__init__(errno.ENOSPC, f"the disk is full: {detail} on the file system of "
-                         f"{path.parent}" if detail else "the disk is full", str(path))
+        super().__init__(errno.ENOSPC, f"the disk is full (No space left on device): {detail} "
+                         f"on the file system of {path.parent}" if detail
+                         else "the disk is full (No space left on device)", str(path))
         self.needed, self.free = needed, free
 
 

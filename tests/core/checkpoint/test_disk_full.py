@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, worker_env, write_recipe
 
 
@@ -41,9 +40,10 @@ def test_a_full_disk_is_named_with_the_bytes_needed_and_free(tmp_path: Path) -> 
     if proc.returncode != 1 and "mount" in proc.stderr and "permission" in proc.stderr.lower():
         pytest.skip(f"no tmpfs mount allowed here: {proc.stderr.strip()}")
     assert proc.returncode == 1, proc.stderr
-    found = re.search(r"saving checkpoint (\S+) failed on rank 0: the disk is full: the "
-                      r"checkpoint needs ([\d.]+ [KM]?B), ([\d.]+ [KM]?B) are free on the file "
-                      r"system of (\S+) \((\S+)\)", proc.stderr)
+    found = re.search(r"saving checkpoint (\S+) failed on rank 0: the disk is full "
+                      r"\(No space left on device\): the checkpoint needs ([\d.]+ [KM]?B), "
+                      r"([\d.]+ [KM]?B) are free on the file system of (\S+) \((\S+)\)",
+                      proc.stderr)
     assert found, proc.stderr
     assert found.group(1) == found.group(5) and Path(found.group(1)).parent == run
     assert found.group(4) == str(run)
