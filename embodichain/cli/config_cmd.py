@@ -7,13 +7,16 @@ from typing import Annotated
 
 import typer
 
+from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors
 
 
 def validate_config(
-    config: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
-    overrides: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP,
-                                                        metavar="KEY=VALUE")] = None,
+    config: Annotated[Path, typer.Argument(help="Recipe YAML file.",
+                                           autocompletion=completion.recipe_files)],
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help=SET_HELP, metavar="KEY=VALUE",
+        autocompletion=completion.set_keys)] = None,
     build: Annotated[bool, typer.Option(
         "--build", help="Also build the factory's trainer in this process (imports torch and "
         "the factory; trains and writes nothing), to check what only the factory decides: "

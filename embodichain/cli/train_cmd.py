@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from embodichain.cli import completion
 from embodichain.cli.common import (
     DEBUG_HELP,
     SET_HELP,
@@ -17,8 +18,10 @@ from embodichain.cli.common import (
 )
 
 # No `dir_okay=False`: a directory gets the one-line `error: …` of every bad recipe path.
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP, metavar="KEY=VALUE")]
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.",
+                                         autocompletion=completion.recipe_files)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP, metavar="KEY=VALUE",
+                                                  autocompletion=completion.set_keys)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)]
 NoProgressOpt = Annotated[bool, typer.Option("--no-progress",
                                              help="No progress bar or periodic log lines.")]
@@ -36,7 +39,7 @@ MaxRestartsOpt = Annotated[int, typer.Option(
 def train_sl(
     config: ConfigOpt,
     resume: Annotated[str | None, typer.Option(
-        "--resume", metavar="CKPT|RUN_DIR|auto",
+        "--resume", metavar="CKPT|RUN_DIR|auto", autocompletion=completion.any_path,
         help="Continue from a checkpoint (a run directory means its newest snapshot), into "
         "output_dir: a fresh one, or the checkpoint's own run directory. 'auto': start "
         "fresh when output_dir holds no run, else continue it (for --max-restarts and "
@@ -104,7 +107,8 @@ def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
 
 
 def resume_run(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.")],
+    run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.",
+                                            autocompletion=completion.run_directories)],
     overrides: SetOpt = None,
     nproc_per_node: NprocOpt = None,
     max_restarts: MaxRestartsOpt = 0,
