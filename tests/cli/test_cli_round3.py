@@ -152,7 +152,7 @@ def test_the_stop_line_under_torchrun_names_torchruns_traceback(
     SignalException traceback with nothing saying whose it is."""
     import signal
 
-    from embodichain.core.runs.facts import SELF_LAUNCHED
+    from embodichain.core.runs.commands import SELF_LAUNCHED
     from embodichain.core.training.stops import stopped
 
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)

@@ -41,6 +41,7 @@ def test_bad_lr_scale_under_torchrun_exits_2_on_every_worker(tmp_path: Path) -> 
                         env=factories_env())
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output  # torchrun's own code, with its failure report
-    assert output.count("exitcode  : 2") == 2, output
+    # the first worker to exit is reported (torchrun then stops the other): with 2, not 1
+    assert "exitcode  : 2" in output and "exitcode  : 1" not in output, output
     assert output.count(f"error: {MESSAGE}") == 1, output
     assert not run.exists()
