@@ -55,13 +55,14 @@ def train_sl(
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
         from embodichain.core.errors import UsageError
+        from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import worker_command
-        from embodichain.core.recipe.loading import load_recipe
-        from embodichain.core.runs.resume_policy import Start
 
-        recipe = load_recipe(config, overrides or [])
-        # What this machine cannot serve is refused before any worker starts (exit 2).
-        check_machine(recipe, nproc_per_node)
+        # The public API's path (R-API-1): what this machine cannot serve is refused before
+        # any worker starts (exit 2); warnings are shown once.
+        recipe = api.load_recipe(config, overrides or [],
+                                 local_ranks=local_ranks(nproc_per_node), warn=False)
+        print_warnings(recipe.warnings)
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
@@ -71,24 +72,19 @@ def train_sl(
             "train-sl", [("--config", config), ("--resume", resume), ("--set", overrides or []),
                          ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
-        start = (Start() if resume is None else
-                 Start("auto") if resume == "auto" else Start("checkpoint", Path(resume)))
-        from embodichain.core.launch.train import train
-
-        train(recipe, start=start, show_progress=not no_progress)
+        api.train(recipe, resume=resume, show_progress=not no_progress)
 
 
-def check_machine(recipe, nproc_per_node: int | None) -> None:
-    """Refuse what this node cannot serve for its ranks; warn (once) about large values."""
+def local_ranks(nproc_per_node: int | None) -> int:
+    """The training processes this node will run: --nproc-per-node when self-launching,
+    else torchrun's LOCAL_WORLD_SIZE (1 alone)."""
     import os
 
     from embodichain.core.launch.self_launch import should_launch
-    from embodichain.core.recipe.machine_limits import refuse_or_warn
 
-    local_ranks = (nproc_per_node if should_launch(nproc_per_node) and nproc_per_node
-                   else int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    print_warnings([*recipe.warnings,
-                    *refuse_or_warn(recipe.config, recipe.source, local_ranks)])
+    if should_launch(nproc_per_node) and nproc_per_node:
+        return nproc_per_node
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
@@ -122,9 +118,9 @@ def resume_run(
     """
     with reported_errors(debug):
         from embodichain.core.distributed import process_group
+        from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import should_launch, worker_command
         from embodichain.core.launch.train import train
-        from embodichain.core.recipe.loading import validate_recipe
         from embodichain.core.runs.resume_policy import Start
         from embodichain.core.runs.run_lock import refuse_if_locked
         from embodichain.core.runs.snapshots import stored_recipe
@@ -146,8 +142,9 @@ def resume_run(
         # Rank 0 reads the run directory and tells the others its recipe (R-DIST-6).
         raw, source = process_group.from_rank_zero_before_group("resume/recipe", read)
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
-        recipe = validate_recipe(raw, source=source, overrides=overrides or [])
-        check_machine(recipe, nproc_per_node)
+        recipe = api.load_recipe(raw, overrides or [], source=source, warn=False,
+                                 local_ranks=local_ranks(nproc_per_node))
+        print_warnings(recipe.warnings)
         train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),
               show_progress=not no_progress)
 
