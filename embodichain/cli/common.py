@@ -26,6 +26,17 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def print_warnings(warnings: list[str] | tuple[str, ...]) -> None:
+    """`warning: ...` on stderr, once per run: by rank 0, and not again by the workers a
+    self-launching command started (it printed them before starting them)."""
+    from embodichain.core.runs.commands import SELF_LAUNCHED
+
+    if env_rank() != 0 or os.environ.get(SELF_LAUNCHED):
+        return
+    for warning in warnings:
+        error_console().print(Text.assemble(("warning: ", "bold yellow"), warning))
+
+
 def error_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
