@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import CPU_RECIPE, FACTORIES, run_cli, worker_env, write_recipe
+
+from tests.support import CPU_RECIPE, FACTORIES, run_cli, worker_env, write_recipe
+from tests.support.cli import invoke
 
 
 @pytest.fixture(scope="module")

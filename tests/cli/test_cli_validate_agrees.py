@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import FACTORIES, write_recipe
+
+from tests.support import FACTORIES, write_recipe
+from tests.support.cli import invoke
 
 SMALL = {"trainer.max_updates": 2, "trainer.validate_every": 1, "trainer.save_every": 0,
          "trainer.log_every": 1}

@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, worker_env, write_recipe
+
+from tests.support import REPO, worker_env, write_recipe
 
 
 def _namespace() -> list[str]:

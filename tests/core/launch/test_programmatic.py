@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import CPU_RECIPE, REPO, TIMEOUT, assert_ok, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
+
+from tests.support import CPU_RECIPE, REPO, TIMEOUT, assert_ok, worker_env, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 EXAMPLE = REPO / "examples" / "learning" / "sl_ddp" / "train_from_python.py"
 
@@ -30,6 +31,7 @@ def _example(*args: str, nproc: int = 1, env: dict[str, str] | None = None
                           capture_output=True, text=True, timeout=TIMEOUT)
 
 
+@pytest.mark.slow  # launches torchrun workers
 @pytest.mark.parametrize("nproc, reference", [(1, "sl_ddp_one_process"),
                                               (2, "sl_ddp_two_workers")])
 def test_the_example_trains_as_train_sl_bitwise(tmp_path: Path, nproc: int, reference: str,

@@ -16,12 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FACTORIES, REPO, worker_env, write_recipe
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.limits import MAX_DATA_WORKERS
 from embodichain.core.recipe.loading import check_recipe, load_recipe
 from embodichain.core.recipe.machine_limits import WORKER_BYTES, Machine, machine_verdict
+from tests.support import FACTORIES, REPO, worker_env, write_recipe
 
 GB = 10**9
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import factories_env, run_cli, run_torchrun, write_recipe
+import pytest
+
+from tests.support import factories_env, run_cli, run_torchrun, write_recipe
 
 MESSAGE = "the factory's param_groups[0] ('first'): lr_scale must be a finite number > 0"
 
@@ -33,6 +35,7 @@ def test_bad_lr_scale_is_refused_as_bad_input(tmp_path: Path, scale: float = 0.0
     assert plain.returncode == 0 and "--build checks it too" in plain.stderr
 
 
+@pytest.mark.slow  # launches torchrun workers
 def test_bad_lr_scale_under_torchrun_exits_2_on_every_worker(tmp_path: Path) -> None:
     """Catches the refusal reaching torchrun as a failure (exit 1 per worker) or printed by
     every rank."""
