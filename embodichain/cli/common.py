@@ -88,9 +88,10 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-# The exit code when stdout's reader went away: 1, silently, as rich (tables) and click
-# (echo) already end such a command, so every command ends the same way.
-BROKEN_PIPE = 1
+# The exit code when stdout's reader went away (`runs --json | head -1`): 0, silently. Output
+# that fits in the pipe's buffer is written before the reader goes, and ends with 0 anyway:
+# any other code would depend on how fast `head` exits, not on what the command did.
+BROKEN_PIPE = 0
 
 
 def quiet_stdout() -> None:

@@ -221,7 +221,9 @@ def test_a_closed_pipe_ends_a_command_quietly(two_updates: tuple[Path, str], arg
     finally:
         os.close(write)
     assert proc.stderr == "", proc.stderr
-    assert proc.returncode == 1  # as rich and click end a command whose reader is gone
+    # 0, as when the whole output fitted in the pipe before the reader left: a variant
+    # exiting 1 here makes `runs --json | head -1` exit 0 or 1 depending on timing.
+    assert proc.returncode == 0
 
 
 def test_a_first_run_prints_no_numpy_warning(two_updates: tuple[Path, str]) -> None:
