@@ -48,7 +48,7 @@ def recipe_warnings(config: FrameworkConfig) -> list[str]:
     if needs and t.validate_every > t.max_updates:
         found.append(f"trainer.validate_every: {t.validate_every} is beyond trainer."
                      f"max_updates {t.max_updates}: the run never validates, so "
-                     f"{' and '.join(needs)} never act")
+                     f"{' and '.join(needs)} never {'act' if len(needs) > 1 else 'acts'}")
     elif t.early_stop is not None and t.validate_every \
             and t.early_stop.patience > t.max_updates // t.validate_every:
         found.append(f"trainer.early_stop.patience: {t.early_stop.patience} validations "

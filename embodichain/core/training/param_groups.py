@@ -63,8 +63,8 @@ def build_param_groups(model: nn.Module, config: OptimizerConfig,
             if id(p) in listed:
                 raise _bad(i, group, "repeats a parameter of an earlier group")
             listed.add(id(p))
-        scale = float(group.get("lr_scale", 1.0))
-        decay = float(group.get("weight_decay", config.weight_decay))
+        scale = _number(i, group, "lr_scale", group.get("lr_scale", 1.0))
+        decay = _number(i, group, "weight_decay", group.get("weight_decay", config.weight_decay))
         if not scale > 0 or scale == float("inf"):
             raise _bad(i, group, f"lr_scale must be a finite number > 0 (the group's "
                        f"learning rate is optimizer.lr x lr_scale), got {scale}")
@@ -111,3 +111,10 @@ def build_optimizer(groups: list[dict[str, Any]], config: OptimizerConfig
     if config.momentum is not None:
         options["momentum"] = config.momentum
     return torch.optim.SGD(groups, nesterov=config.nesterov, **options)
+
+
+def _number(index: int, group: Mapping[str, Any], key: str, value: Any) -> float:
+    """A group's `key` as a float; anything but a real number is the factory's bad input."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(index, group, f"{key} must be a number, got {value!r}")
+    return float(value)
