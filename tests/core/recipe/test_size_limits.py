@@ -83,7 +83,7 @@ def test_machine_limits_refuse_and_warn_by_the_machine_given(tmp_path: Path) -> 
 def test_train_sl_and_validate_config_refuse_before_anything_starts(tmp_path: Path) -> None:
     """Catches `train-sl` starting a run for a size that is refused (the recipe's source is
     in memory, so the old code trained it without forking: exit 0, a run directory)."""
-    from tests.cli.cli_support import invoke
+    from tests.support.cli import invoke
 
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 2,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.learning.sl import Learner, LossResult
 from tests.support import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
@@ -121,9 +122,11 @@ def test_param_groups_are_checked() -> None:
         ([{"params": [torch.zeros(2, requires_grad=True)]}], "not a parameter of the model"),
         ([{"params": [model.head.bias]}, {"params": [model.head.bias]}], "repeats a parameter"),
         ([{"params": [model.head.bias], "lr": 1.0}], "keys are"),
-        ([{"params": [model.head.bias], "lr_scale": 0.0}], "lr_scale must be > 0"),
+        ([{"params": [model.head.bias], "lr_scale": 0.0}], "lr_scale must be a finite number > 0"),
+        ([{"params": [model.head.bias], "lr_scale": "abc"}], "lr_scale must be a number"),
     ):
-        with pytest.raises(ValueError, match=text):
+        # Bad input (exit 2), naming the group: a variant raising ValueError exits 1.
+        with pytest.raises(UsageError, match=text):
             Learner(model, config, None, 5, CPU, param_groups=groups)
 
 
