@@ -34,11 +34,16 @@ import torch
 from torch import nn
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint
-from embodichain.core.distributed.sharding import local
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 
 STRATEGY = "fsdp"
 SHARDS_DIR = "shards"
+SHARD_DIRECTORY = "directory"  # set on load: where this manifest's shards are (its folder)
+
+
+def local(tensor: Any) -> Any:
+    """A DTensor's local shard (a view of its storage); anything else itself."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def shard_relpath(step: int, token: str, rank: int) -> str:
@@ -49,6 +54,16 @@ def shard_relpath(step: int, token: str, rank: int) -> str:
 def is_sharded_checkpoint(data: Mapping[str, Any]) -> bool:
     """Whether a verified checkpoint dict is a sharded manifest."""
     return isinstance(data.get("payload"), Mapping) and "sharded" in data["payload"]
+
+
+def payload_to_restore(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """A verified checkpoint's payload to restore; a sharded one also says where its shards
+    are (the manifest's directory: on every node, that node's copy of it)."""
+    payload = data["payload"]
+    if not is_sharded_checkpoint(data):
+        return payload
+    return {**payload, "sharded": {**payload["sharded"],
+                                   SHARD_DIRECTORY: str(Path(path).resolve().parent)}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -188,7 +203,8 @@ def read_shard(directory: Path, data: Mapping[str, Any], rank: int) -> dict[str,
     if shard["manifest"]["payload_sha256"] != entry["sha256"]:
         raise CheckpointCorruptError(
             f"shard of rank {rank} ({path}) does not match the manifest's digest of it "
-            f"(recorded {entry['sha256'][:16]}..., file {shard['manifest']['payload_sha256'][:16]}...)")
+            f"(recorded {entry['sha256'][:16]}..., "
+            f"file {shard['manifest']['payload_sha256'][:16]}...)")
     run, mine = data["payload"]["run"], shard["payload"]["run"]
     for key in ("step", "run_id", "world_size", "config_sha256"):
         if run.get(key) != mine.get(key):

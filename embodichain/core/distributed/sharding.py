@@ -39,6 +39,18 @@ def device_mesh(device: torch.device) -> DeviceMesh:
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
+def one_rank_group(device: torch.device) -> bool:
+    """A one-rank process group for a sharded run in one process (FSDP2 needs a mesh);
+    whether it was created here (then the caller destroys it)."""
+    if dist.is_initialized():
+        return False
+    import torch.distributed.nn.functional  # noqa: F401  (see process_group: before the group)
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            store=dist.HashStore(), rank=0, world_size=1)
+    return True
+
+
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     """FSDP2's policy for `trainer.precision`: compute in bf16, reduce and keep fp32."""
     if precision not in COMPUTE_DTYPES:

@@ -29,6 +29,7 @@ from embodichain.core.checkpoint.file import (
     read_checkpoint,
     step_files,
 )
+from embodichain.core.checkpoint.sharded import payload_to_restore
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
 from embodichain.core.recipe.schema import (
@@ -219,7 +220,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
     prepared = _fresh(identity, directory, lock)
-    return Prepared(prepared.identity, data["payload"], continued=True,
+    return Prepared(prepared.identity, payload_to_restore(data, checkpoint), continued=True,
                     claimed=prepared.claimed)
 
 
@@ -349,7 +350,8 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
     continued = {**identity, "run_id": run_json.get("run_id"),
                  "created_at": run_json.get("created_at"),
                  "resumed_from": run_json.get("resumed_from")}
-    payload = snapshot.data["payload"] if snapshot is not None else None
+    payload = (payload_to_restore(snapshot.data, snapshot.path) if snapshot is not None
+               else None)
     return Prepared(continued, payload, continued=True, notes=tuple(notes))
 
 

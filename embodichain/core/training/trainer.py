@@ -24,6 +24,7 @@ from embodichain.core.checkpoint.rank_state import (
     restore_buffers,
     restore_rng,
 )
+from embodichain.core.checkpoint.sharded_writer import ShardedWriter
 from embodichain.core.checkpoint.writer import (
     SAVE_DUE,
     SAVE_FAILED,
@@ -37,7 +38,7 @@ from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group as dist_utils
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
-from embodichain.core.errors import TrainingError
+from embodichain.core.errors import TrainingError, UsageError
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
@@ -52,6 +53,7 @@ from embodichain.core.training.nonfinite import finite_values, stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
+from embodichain.core.training.sharded_saves import restore_sharded, save_sharded
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
@@ -98,6 +100,7 @@ class SupervisedTrainer:
         precision: Precision | None = None,
         param_groups: ParamGroups | None = None,
         best: Best | tuple[str, str] | None = None,
+        shard_blocks: Sequence[nn.Module] = (),
     ) -> None:
         self.config = config
         self.device = device
@@ -113,10 +116,14 @@ class SupervisedTrainer:
             # the factory's own callbacks keep their checkpoint keys whether or not it is on.
             self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         t = config.trainer
+        _check_strategy(config)
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
-                               ema_decay=t.ema.decay if t.ema is not None else None)
+                               ema_decay=t.ema.decay if t.ema is not None else None,
+                               strategy=t.strategy, shard_blocks=shard_blocks,
+                               reshard_after_forward=t.fsdp.reshard_after_forward
+                               if t.fsdp is not None else True)
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler = rank_sampler(config, source)
@@ -128,7 +135,11 @@ class SupervisedTrainer:
         self._committed: CommittedState | None = None  # set only while validating
         # Saves go through one writer (rank 0 writes; in the background unless async_save
         # is off), also those of validation callbacks (R-CKPT-8, R-VAL-2).
-        self._saves = CheckpointWriter(config.trainer.async_save)
+        # Sharded (trainer.strategy: fsdp), every rank writes its own shard (R-SHARD-2).
+        self._saves: CheckpointWriter | ShardedWriter = (
+            ShardedWriter(t.async_save) if self.learner.sharded
+            else CheckpointWriter(t.async_save))
+        self._deferred_saves: list[Path] = []  # sharded saves asked for during validation
         self._save_clock = SaveClock(config.trainer.save_every_s)  # R-CKPT-9, rank 0's
 
     @property
@@ -270,6 +281,8 @@ class SupervisedTrainer:
             return
         self._committed = self._capture_committed()
         failure = None
+        if self.learner.sharded and not dist_utils.is_rank_zero():
+            self._evaluate_with_rank_zero()
         if dist_utils.is_rank_zero():
             try:
                 metrics = self._evaluate()
@@ -289,8 +302,21 @@ class SupervisedTrainer:
         # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
         outcome = self._stop_if_rank_zero_failed(
             failure, f"validation failed on rank 0 at update {self.step}",
-            best_tracker=self.tracker.state_dict())
+            best_tracker=self.tracker.state_dict(),
+            saves=[str(p) for p in self._deferred_saves])
         self.tracker.load_state_dict(outcome["best_tracker"])
+        self._deferred_saves = []
+        for path in outcome["saves"]:  # sharded: every rank writes the callbacks' saves
+            self.save(Path(path))
+
+    def _evaluate_with_rank_zero(self) -> None:
+        """Sharded, the forward is collective: every rank evaluates beside rank 0 (whose
+        figures count); a failure here is rank 0's to report."""
+        try:
+            self._evaluate()
+        except Exception:
+            log.debug("validation failed on rank %d at update %d", dist_utils.rank(),
+                      self.step, exc_info=True)
 
     def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
                          ) -> None:
@@ -324,8 +350,16 @@ class SupervisedTrainer:
         """
         path = Path(path)
         also_last = path.name.startswith("step_") and path.parent == self.run_directory
+        if self._committed is not None and self.learner.sharded:
+            self._deferred_saves.append(path)  # every rank writes it after validation
+            return path
         if self._committed is not None:  # inside a validation callback, rank 0 only
             self._write(self._committed, path, also_last)
+            return path
+        if self.learner.sharded:
+            self._stop_if_save_failed(save_sharded(self, path, also_last))
+            if also_last or path.name == LAST:
+                self._save_clock.restart()
             return path
         # One save in flight at most: rank 0 first waits for the previous one (the others
         # wait in the capture's gather), which may have failed.
@@ -401,12 +435,19 @@ class SupervisedTrainer:
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
+        if self.learner.sharded or "sharded" in payload:
+            restore_sharded(self, payload)  # refuses a checkpoint of the other strategy
+            return
         ranks = payload["ranks"]
         mine = ranks[dist_utils.rank()]
         self.learner.load_state_dict(payload["learner"])
         self.sampler.load_state_dict(mine["sampler"])
         restore_buffers(self.learner.model, mine["buffers"])
         restore_rng(mine["rng"], self.device)
+        self._restore_common(payload)
+
+    def _restore_common(self, payload: Mapping[str, Any]) -> None:
+        """Callbacks, step, metrics and best metric: the same for every rank."""
         saved = payload.get("callbacks") or {}
         for key, callback in self._keyed_callbacks():
             state = saved.get(key)
@@ -425,6 +466,8 @@ class SupervisedTrainer:
         """Release the DDP wrapper and close the metrics file (before the group goes)."""
         self._saves.settle()  # the writer's thread fsyncs metrics.jsonl: it finishes first
         self.loader.close()  # data workers end with the run
+        if isinstance(self._saves, ShardedWriter):
+            self._saves.release()  # its group goes before the default one
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()
@@ -435,3 +478,16 @@ class SupervisedTrainer:
                                "train-sl` or call trainer.attach(...) first")
         return self.run
 
+
+
+def _check_strategy(config: FrameworkConfig) -> None:
+    """What `trainer.strategy: fsdp` cannot be combined with yet (refused, exit 2)."""
+    t = config.trainer
+    if t.strategy != "fsdp":
+        return
+    if t.precision == "fp16":
+        raise UsageError("trainer.precision: fp16 is not available with trainer.strategy: "
+                         "fsdp (its gradient scaler is not sharded); use bf16 or fp32")
+    if t.compile:
+        raise UsageError("trainer.compile: true is not available with trainer.strategy: fsdp "
+                         "yet; set trainer.compile: false")
