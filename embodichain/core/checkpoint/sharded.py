@@ -91,11 +91,15 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer,
             if _is_dtensor(value):
                 sharded_keys.setdefault(index, []).append(key)
             state[index][key] = local(value) if isinstance(value, torch.Tensor) else value
+    names = {id(p): n for n, p in model.named_parameters()}
     return {
         "model": model_state,
         "placements": placements,
         "optimizer": {"state": state, "param_groups": optim["param_groups"],
-                      "sharded_keys": sharded_keys},
+                      "sharded_keys": sharded_keys,
+                      # optimizer index -> parameter name, for readers (inspect)
+                      "param_names": [names.get(id(p), "") for g in optimizer.param_groups
+                                      for p in g["params"]]},
         "ema": dict(ema) if ema is not None else None,
         "rank_state": dict(rank_state),
     }
