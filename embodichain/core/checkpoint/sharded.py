@@ -203,7 +203,11 @@ def read_shard(directory: Path, data: Mapping[str, Any], rank: int) -> dict[str,
     if not path.is_file():
         raise CheckpointError(f"shard of rank {rank} is missing: {path} (written on host "
                               f"{entry.get('host')})")
-    shard = read_checkpoint(path)
+    try:
+        shard = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise type(exc)(f"shard of rank {rank} (written on host {entry.get('host')}): "
+                        f"{exc}") from None
     if shard["manifest"]["payload_sha256"] != entry["sha256"]:
         raise CheckpointCorruptError(
             f"shard of rank {rank} ({path}) does not match the manifest's digest of it "
@@ -228,6 +232,24 @@ def check_shard(directory: Path, data: Mapping[str, Any], rank: int) -> str | No
     except CheckpointError as exc:
         return str(exc)
     return None
+
+
+def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
+    """Before a resume changes anything (rank 0): every shard this machine can see verifies,
+    and none written on this host is missing; refuses naming each bad shard and its host.
+    Shards written on other hosts and absent here are checked by their ranks at restore."""
+    if not is_sharded_checkpoint(data):
+        return
+    here, problems = socket.gethostname(), []
+    for rank, entry in sorted(shard_table(data).items()):
+        if not (Path(path).parent / entry["file"]).is_file() and entry.get("host") != here:
+            continue
+        problem = check_shard(Path(path).parent, data, rank)
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        raise CheckpointError(f"cannot resume from the sharded checkpoint {path}: "
+                              + "; ".join(problems) + ". Nothing was changed.")
 
 
 def check_compatible(data: Mapping[str, Any], path: Path | str, strategy: str,

@@ -29,7 +29,7 @@ from embodichain.core.checkpoint.file import (
     read_checkpoint,
     step_files,
 )
-from embodichain.core.checkpoint.sharded import payload_to_restore
+from embodichain.core.checkpoint.sharded import check_shards_here, payload_to_restore
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
 from embodichain.core.recipe.schema import (
@@ -206,6 +206,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     else:
         data = read_checkpoint(checkpoint)
     check_rank_entries(data, checkpoint)
+    check_shards_here(data, checkpoint)
     snapshot = Snapshot(checkpoint, data)
     again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
@@ -292,6 +293,7 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
                                                                         identity, again))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
+        check_shards_here(snapshot.data, snapshot.path)
         _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
     return _continue(snapshot, identity, directory, run_json)
 
