@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FACTORIES, SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, \
-    write_recipe
+from conftest import FACTORIES, SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.sharded import read_shard, shard_table
