@@ -95,7 +95,7 @@ def build_supervised_trainer(config, device):
             stats["fit_s"] = time.perf_counter() - start
 
     def dump():
-        writer = getattr(trainer, "_saves", None)
+        writer = trainer.checkpoints.writer
         stats["staged_bytes"] = writer.staged_bytes if writer is not None else 0
         stats["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(os.environ[STATS_ENV]).write_text(json.dumps(stats))

@@ -35,7 +35,7 @@ _RSS_CHILD = r"""
 import resource, sys, torch
 from torch import nn
 from embodichain.core.recipe.schema import OptimizerConfig
-from embodichain.core.training.micro_batches import MicroBatches
+from embodichain.core.data.micro_batches import MicroBatches
 from embodichain.learning.sl import Learner, LossResult
 torch.set_num_threads(1)
 k, batch = int(sys.argv[1]), int(sys.argv[2])

@@ -314,30 +314,22 @@ def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
 def _destination_problems(current: Mapping[str, Any], checkpoint: Path,
                           run: Mapping[str, Any], step: int) -> list[str]:
     """The output-directory rules: a fresh directory, or in place under R-RESUME-4/5."""
-    from embodichain.core.runs.run_dir import METRICS, artifacts_in, read_metrics, read_run_json
+    from embodichain.core.runs.resume_policy import in_place_problem
+    from embodichain.core.runs.run_dir import artifacts_in
 
     output_dir = _mapping(current.get("trainer")).get("output_dir")
     if not isinstance(output_dir, str):
         return []
     directory = Path(output_dir)
     if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
-        if run.get("run_id") is None:
-            return [f"trainer.output_dir {directory} is the checkpoint's own directory, but the "
-                    "checkpoint has no run identity: resume into a fresh directory"]
         try:
-            run_json = read_run_json(directory)
+            problem = in_place_problem(checkpoint, run.get("run_id"), step, directory)
         except Exception as exc:  # unreadable run.json: say so rather than crash
             return [str(exc)]
-        if run_json is None or run_json.get("run_id") != run.get("run_id"):
-            found = run_json.get("run_id") if run_json else "no run.json"
-            return [f"trainer.output_dir {directory} holds run {found}, not the checkpoint's "
-                    f"run {run.get('run_id')}: resume into a fresh directory"]
-        last = read_metrics(directory / METRICS).last_step
-        if last is not None and last > step:
-            return [f"{directory / METRICS} has records up to update {last}, beyond the "
-                    f"checkpoint's update {step}: resume into a fresh directory "
-                    f"(--set trainer.output_dir=...)"]
-        return []
+        if problem is None:
+            return []
+        return [f"trainer.output_dir is the checkpoint's own directory, but {problem}: resume "
+                "into a fresh directory (--set trainer.output_dir=...)"]
     if directory.exists() and not directory.is_dir():
         return [f"trainer.output_dir {directory} exists and is not a directory"]
     found = artifacts_in(directory)

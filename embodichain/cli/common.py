@@ -9,6 +9,8 @@ import sys
 import time
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -30,7 +32,7 @@ def error_console() -> Console:
 
 @contextlib.contextmanager
 def reported_errors(debug: bool = False) -> Iterator[None]:
-    """Turn errors into one paragraph and an exit code (2 bad input, 1 failure; SPEC §9).
+    """Turn errors into one paragraph and an exit code (2 bad input, 1 failure; design §9).
 
     Under torchrun a usage error or a signal stop is printed by rank 0 alone (every rank
     reaches the same verdict); failures are printed by every rank, prefixed with its rank.
@@ -104,3 +106,20 @@ def record_error(message: str) -> None:
     with contextlib.suppress(OSError):
         with open(path, "w") as f:
             json.dump(data, f)
+
+
+def run_snapshot(directory: Path) -> tuple[Path, dict[str, Any]]:
+    """The snapshot a run directory means, the one `resume` continues from: its path and
+    verified content. Says on stderr why it is not last.pt; a directory without any is bad
+    input."""
+    from embodichain.core.checkpoint.names import snapshot_names
+    from embodichain.core.runs.snapshots import newest_snapshot
+
+    snapshot = newest_snapshot(directory)
+    if snapshot is None:
+        found = ", ".join(snapshot_names(directory)) or "none"
+        raise UsageError(f"{directory} is a directory without a snapshot; name a checkpoint "
+                         f"file (checkpoints there: {found})")
+    if snapshot.note:
+        error_console().print(f"note: {snapshot.note}")
+    return snapshot.path, snapshot.data

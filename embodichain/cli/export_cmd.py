@@ -7,12 +7,12 @@ from typing import Annotated
 
 import typer
 
-from embodichain.cli.common import DEBUG_HELP, reported_errors
+from embodichain.cli.common import DEBUG_HELP, reported_errors, run_snapshot
 
 
 def export(
     checkpoint: Annotated[Path, typer.Argument(
-        help="Checkpoint file (.pt), or a run directory for its last.pt.")],
+        help="Checkpoint file (.pt), or a run directory for the snapshot resume would use.")],
     out: Annotated[Path, typer.Argument(help="File to write, e.g. model.pt.")],
     ema: Annotated[bool, typer.Option(
         "--ema", help="Export the EMA weights (trainer.ema) instead of the model's own.")]
@@ -26,15 +26,11 @@ def export(
     """
     with reported_errors(debug):
         from embodichain.core.checkpoint.export import export_model
-        from embodichain.core.checkpoint.file import LAST
-        from embodichain.core.errors import UsageError
 
+        data = None
         if checkpoint.is_dir():
-            if not (checkpoint / LAST).is_file():
-                raise UsageError(f"{checkpoint} is a directory without {LAST}; name a "
-                                 "checkpoint file")
-            checkpoint = checkpoint / LAST
-        done = export_model(checkpoint, out, ema=ema, force=force)
+            checkpoint, data = run_snapshot(checkpoint)
+        done = export_model(checkpoint, out, ema=ema, force=force, data=data)
         what = "EMA weights" if done.ema else "model state_dict"
         typer.echo(f"wrote {done.path}: {what} of update {done.step} from {checkpoint} "
                    f"({done.tensors} tensors, {done.numbers:,} numbers). Load it with "

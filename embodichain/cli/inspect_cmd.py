@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 import typer
 
-from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors
+from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors, run_snapshot
 
 
 def inspect_checkpoint(
     path: Annotated[Path, typer.Argument(
-        help="Checkpoint file (.pt), or a run directory for its last.pt.")],
+        help="Checkpoint file (.pt), or a run directory for the snapshot resume would use.")],
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as one plain JSON document on stdout.")] = False,
     tensors: Annotated[bool, typer.Option(
@@ -37,8 +37,9 @@ def inspect_checkpoint(
         if overrides and config is None:
             raise UsageError("--set applies to the recipe given with --config; add --config")
         if path.is_dir():
-            path = _last_checkpoint(path)
-        data = read_checkpoint(path)
+            path, data = run_snapshot(path)
+        else:
+            data = read_checkpoint(path)
         report = summarize(data, path, tensors=tensors)
         if config is not None:
             report["resume"] = resume_check(data, path, config, overrides or [])
@@ -48,18 +49,7 @@ def inspect_checkpoint(
         else:
             render(report)
         if config is not None and report["resume"]["compatible"] is False:
-            raise typer.Exit(1)  # SPEC §9: 0 may resume, 1 may not, 2 bad input
-
-
-def _last_checkpoint(directory: Path) -> Path:
-    from embodichain.core.checkpoint.file import LAST, step_files
-    from embodichain.core.errors import UsageError
-
-    if (directory / LAST).is_file():
-        return directory / LAST
-    steps = ", ".join(p.name for _, p in step_files(directory)) or "none"
-    raise UsageError(f"{directory} is a directory without {LAST}; name a checkpoint file "
-                     f"(step files there: {steps})")
+            raise typer.Exit(1)  # design §9: 0 may resume, 1 may not, 2 bad input
 
 
 # ----------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def resume_run(
     the continued history is exactly the uninterrupted one. A finished run is left as it is.
     """
     with reported_errors(debug):
-        from embodichain.core.distributed import process_group as dist_utils
+        from embodichain.core.distributed import process_group
         from embodichain.core.launch.self_launch import should_launch, worker_command
         from embodichain.core.launch.train import train
         from embodichain.core.recipe.loading import validate_recipe
@@ -119,7 +119,7 @@ def resume_run(
             return [found.config, found.source]
 
         # Rank 0 reads the run directory and tells the others its recipe (R-DIST-6).
-        raw, source = dist_utils.from_rank_zero_before_group("resume/recipe", read)
+        raw, source = process_group.from_rank_zero_before_group("resume/recipe", read)
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
         recipe = validate_recipe(raw, source=source, overrides=overrides or [])
         train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),

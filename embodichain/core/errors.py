@@ -1,4 +1,4 @@
-"""Error types with their exit codes (SPEC §9): 2 for bad input or a refusal, 1 for a failure."""
+"""Error types with their exit codes (design §9): 2 for bad input or a refusal, 1 for a failure."""
 
 from __future__ import annotations
 
@@ -51,6 +51,14 @@ class UnsafeCheckpointError(CheckpointError):
 
 class TrainingError(EmbodichainError):
     """A failure during training, e.g. a save that failed on rank 0 (exit 1)."""
+
+
+class DataFailure(TrainingError):
+    """Loading training data failed: an example raised, or a data worker died (exit 1).
+
+    Raised by the data layer with what failed; the trainer completes the message with the
+    snapshot the run can continue from.
+    """
 
 
 class Stopped(EmbodichainError):

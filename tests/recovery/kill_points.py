@@ -67,16 +67,16 @@ def install(point: dict[str, Any]) -> None:
 
         Path.unlink = unlink
     elif at == "capture":
-        from embodichain.core.training.trainer import SupervisedTrainer
+        from embodichain.core.training.checkpointing import Checkpointing
 
-        real_capture = SupervisedTrainer._capture_committed
+        real_capture = Checkpointing.capture
 
-        def capture(self):
-            if self.step == point["step"]:
-                _die({"at": at, "step": self.step, "rank": rank})
-            return real_capture(self)
+        def capture(self, trainer):
+            if trainer.step == point["step"]:
+                _die({"at": at, "step": trainer.step, "rank": rank})
+            return real_capture(self, trainer)
 
-        SupervisedTrainer._capture_committed = capture
+        Checkpointing.capture = capture
     else:
         raise ValueError(f"unknown kill point {point!r}")
 

@@ -23,7 +23,8 @@ from recovery_helpers import assert_training_state_equal, factory_env, metrics
 from state_compare import comparable_records
 from test_recovery_save_failure import assert_only_torchruns_traceback
 
-from embodichain.core.checkpoint.file import read_checkpoint, step_files
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.names import step_files
 
 GUARD = 240
 PACED = "restarting:build_supervised_trainer"  # EMBODICHAIN_TEST_SLEEP_S per update

@@ -20,7 +20,8 @@ from conftest import assert_ok, run_cli, run_torchrun, workers_output, write_rec
 from recovery_helpers import factory_env
 from state_compare import assert_state_equal, comparable_records
 
-from embodichain.core.checkpoint.file import read_checkpoint, step_files
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.names import step_files
 from embodichain.core.checkpoint.sharded import SHARDS_DIR, read_shard, shard_table
 
 GUARD = 240

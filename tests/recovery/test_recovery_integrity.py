@@ -19,7 +19,8 @@ import torch
 from conftest import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
 from recovery_helpers import metrics, run_json
 
-from embodichain.core.checkpoint.file import payload_digest, read_checkpoint, step_files
+from embodichain.core.checkpoint.file import payload_digest, read_checkpoint
+from embodichain.core.checkpoint.names import step_files
 from embodichain.core.errors import CheckpointCorruptError, UnsafeCheckpointError
 from embodichain.core.runs.run_dir import read_metrics
 

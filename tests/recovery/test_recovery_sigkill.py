@@ -22,7 +22,8 @@ from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_r
 from recovery_helpers import HERE, factory_env
 from state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
-from embodichain.core.checkpoint.file import read_checkpoint, step_files
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.names import step_files
 from embodichain.core.runs.run_dir import read_metrics
 
 FRESH_KILLS, CHAIN_KILLS, SEED = 16, 8, 20240601

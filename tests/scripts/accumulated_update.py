@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from embodichain.core.data.source import ReplacementSampler
+from embodichain.core.data.micro_batches import MicroBatches
+from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.recipe.schema import OptimizerConfig
-from embodichain.core.training.micro_batches import MicroBatches
 from embodichain.learning.sl import Learner, LossResult, distributed_run
 
 K, B, UPDATES, LR = 3, 4, 5, 0.1
@@ -93,8 +93,9 @@ def main(out: Path) -> None:
             seen.append([])
             before.append(params(learner.model))
             start = counter.calls
-            summaries.append(learner.update(
-                masked_mse, MicroBatches(sampler.next_indices(), B, gather)))
+            result = learner.update(masked_mse, MicroBatches(sampler.next_indices(), B, gather))
+            summaries.append({"weight": result.weight, "skipped": float(result.skipped),
+                              **result.metrics})
             calls.append(counter.calls - start)
         after = params(learner.model)
         learner.release()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,11 +23,9 @@ from typing import Any
 import torch
 
 from embodichain.core.checkpoint.file import fsync_directory, read_checkpoint
+from embodichain.core.checkpoint.names import is_checkpoint_name
 from embodichain.core.checkpoint.sharded import consolidated_model, is_sharded_checkpoint
 from embodichain.core.errors import CheckpointError, UsageError
-
-# Names the run directory tools read as checkpoints (resume, runs, retention).
-_CHECKPOINT_NAME = re.compile(r"^(last|best|step_\d+)\.pt$")
 
 
 @dataclass(frozen=True)
@@ -62,9 +59,10 @@ def model_state(data: Mapping[str, Any], source: Path, *, ema: bool = False
     return dict(found)
 
 
-def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool = False
-                 ) -> Exported:
-    """Write the model state_dict of `checkpoint` to `out`, atomically.
+def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool = False,
+                 data: Mapping[str, Any] | None = None) -> Exported:
+    """Write the model state_dict of `checkpoint` to `out`, atomically. `data`: the
+    checkpoint's content when the caller has already read and verified it.
 
     Refuses (UsageError, exit 2; nothing written) an existing `out` unless `force`, `out`
     being the checkpoint itself, and names that run directories read as checkpoints.
@@ -72,14 +70,15 @@ def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool 
     checkpoint, out = Path(checkpoint), Path(out)
     if out.exists() and out.resolve() == checkpoint.resolve():
         raise UsageError(f"{out} is the checkpoint itself; export to another file")
-    if _CHECKPOINT_NAME.match(out.name):
+    if is_checkpoint_name(out.name):
         raise UsageError(f"{out}: {out.name} is a checkpoint's name (resume and runs would "
                          "read it as one); choose another name, e.g. model.pt")
     if out.is_dir():
         raise UsageError(f"{out} is a directory; name the file to write, e.g. {out}/model.pt")
     if out.exists() and not force:
         raise UsageError(f"{out} exists; nothing was written. Pass --force to replace it")
-    data = read_checkpoint(checkpoint)  # digest-verified, never runs code from the file
+    if data is None:
+        data = read_checkpoint(checkpoint)  # digest-verified, never runs code from the file
     if is_sharded_checkpoint(data):  # every shard verified, then concatenated (R-SHARD-4)
         try:
             whole = consolidated_model(checkpoint, data, ema=ema)

@@ -20,7 +20,6 @@ import ctypes
 import hashlib
 import os
 import pickle
-import re
 import secrets
 import struct
 import zipfile
@@ -39,24 +38,6 @@ from embodichain.core.errors import (
 
 FORMAT = "embodichain.checkpoint"
 FORMAT_VERSION = 1
-LAST = "last.pt"
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
-
-
-def step_filename(step: int) -> str:
-    return f"step_{step}.pt"
-
-
-def step_files(directory: Path) -> list[tuple[int, Path]]:
-    """`step_N.pt` files ordered by N (never by name or time: step_20 < step_100)."""
-    found = []
-    for path in directory.glob("step_*.pt"):
-        match = _STEP_FILE.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return sorted(found)
-
-
 # ----------------------------------------------------------------------------------------
 # Digest
 

@@ -26,7 +26,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from embodichain.core.checkpoint.file import LAST, read_checkpoint, step_files, write_checkpoint
+from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
+from embodichain.core.checkpoint.names import BEST, LAST, step_files
 from embodichain.core.checkpoint.sharded import (
     SHARDS_DIR,
     is_sharded_checkpoint,
@@ -191,7 +192,7 @@ class _Save:
 def named_shards(directory: Path) -> set[str]:
     """The shard files that the manifests in `directory` name (unreadable ones name none)."""
     names: set[str] = set()
-    manifests = [directory / LAST, directory / "best.pt", *(p for _, p in step_files(directory))]
+    manifests = [directory / LAST, directory / BEST, *(p for _, p in step_files(directory))]
     for path in manifests:
         if not path.is_file():
             continue

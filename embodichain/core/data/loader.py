@@ -12,7 +12,7 @@ Each example is loaded with torch's, Python's and NumPy's global generators seed
 Results therefore depend neither on the worker count nor on the prefetch depth.
 
 A failing `__getitem__` comes back as a value naming the example; a worker that dies is
-reported by torch (its SIGCHLD handler or its liveness check); both become a TrainingError
+reported by torch (its SIGCHLD handler or its liveness check); both become a DataFailure
 (exit 1) on the rank that loads the batch (R-DATA-4). The other ranks then fail in the
 update's all-reduce, or are stopped by the launcher: none waits forever.
 """
@@ -25,15 +25,16 @@ import multiprocessing
 import random
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from embodichain.core.data.dataset_source import DatasetSource
+from embodichain.core.data.micro_batches import Batch, MicroBatches, split_batch
 from embodichain.core.data.samplers import EpochSampler, Sampler
 from embodichain.core.data.source import Source
-from embodichain.core.errors import TrainingError
+from embodichain.core.errors import DataFailure
 
 try:  # NumPy is optional; its global generator is seeded per example when importable.
     import numpy
@@ -131,36 +132,47 @@ class IndexStream:
 
 
 class BatchLoader:
-    """`next_batch()` gives the rank's next batch on the training device.
+    """`next_update()` gives the rank's micro-batches of the next update on the training
+    device (one unless `trainer.grad_accumulation`), for either kind of source.
 
-    Call it once per update: with gradient accumulation the batch holds all the update's
-    micro-batches (its examples are seeded by their position in the update).
-    `where_to_continue()` is appended to a loading failure's message (which snapshot to
-    continue from).
+    An in-memory source's micro-batches are gathered lazily, one at a time; a
+    `DatasetSource`'s update is loaded by the data workers as one batch (`next_batch()`:
+    its examples are seeded by their position in the update), then cut in order.
     """
 
     def __init__(self, source: Source, sampler: Sampler, device: torch.device, *, seed: int,
                  rank: int, workers: int = 0, prefetch: int = 2,
-                 where_to_continue: Callable[[], str] = lambda: "") -> None:
+                 micro_batch_size: int | None = None) -> None:
         self.source, self.sampler, self.device = source, sampler, device
         self.seed, self.rank = seed, rank
         self.workers, self.prefetch = workers, prefetch
-        self.where_to_continue = where_to_continue
+        self.micro_batch_size = micro_batch_size  # None: the update is one batch
         self._iterator: Iterator[Any] | None = None
         self._consumed = -1  # the sampler position the iterator's next batch starts at
         self._sigchld: Any = None
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
-        if not isinstance(self.source, DatasetSource):  # the in-memory gather path
-            batch = self.source.gather(self.sampler.next_indices())
-            return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+    def next_update(self) -> Sequence[Batch]:
+        """The next update's micro-batches, in the order their indices were drawn."""
+        if isinstance(self.source, DatasetSource):
+            batch = self.next_batch()
+            return split_batch(batch, self.micro_batch_size) if self.micro_batch_size \
+                else [batch]
+        indices = self.sampler.next_indices()
+        return MicroBatches(indices, self.micro_batch_size or len(indices), self._gather)
+
+    def _gather(self, indices: torch.Tensor) -> Batch:
+        batch = self.source.gather(indices)
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def next_batch(self) -> Batch:
+        """A `DatasetSource`'s next update as one batch, loaded by the data workers."""
         if self._iterator is None or self._consumed != self.sampler.batches_drawn:
             self._start()  # first batch, or the sampler was restored meanwhile
         update = self.sampler.batches_drawn + 1
         try:
             assert self._iterator is not None
             loaded = next(self._iterator)
-        except TrainingError:
+        except DataFailure:
             raise
         except Exception as exc:  # a worker died, or the DataLoader itself failed
             raise self._failure(exc, update) from None
@@ -204,7 +216,7 @@ class BatchLoader:
 
     def _wrap_sigchld(self) -> None:
         """torch raises a RuntimeError from its SIGCHLD handler when a worker dies, wherever
-        the training process is; it is turned into our TrainingError there too."""
+        the training process is; it is turned into our DataFailure there too."""
         if threading.current_thread() is not threading.main_thread():
             return
         torch_handler = signal.getsignal(signal.SIGCHLD)
@@ -221,7 +233,7 @@ class BatchLoader:
         self._sigchld = (torch_handler, handler)
         signal.signal(signal.SIGCHLD, handler)
 
-    def _failure(self, what: LoadFailure | Exception, update: int) -> TrainingError:
+    def _failure(self, what: LoadFailure | Exception, update: int) -> DataFailure:
         where = f"rank {self.rank}, update {update}"
         if isinstance(what, LoadFailure):
             subject = (f"loading example {what.key[0]} failed ({where}): {what.message}"
@@ -232,8 +244,7 @@ class BatchLoader:
             died = "worker" in first and ("killed" in first or "exited" in first)
             subject = (f"a data worker process died ({where}): {first}" if died else
                        f"loading a batch failed ({where}): {type(what).__name__}: {first}")
-        hint = self.where_to_continue()
-        return TrainingError(f"{subject}{'; ' + hint if hint else ''}")
+        return DataFailure(subject)
 
     def close(self) -> None:
         """Stop the worker processes (prefetched batches are dropped, never counted)."""

@@ -13,7 +13,6 @@ from typing import Any, Protocol
 
 import torch
 
-from embodichain.core.data.source import ReplacementSampler
 from embodichain.core.errors import UsageError
 
 
@@ -25,6 +24,34 @@ class Sampler(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+def stream_seed(seed: int, rank: int) -> int:
+    """A 63-bit seed for (seed, rank), so ranks draw independent streams."""
+    digest = hashlib.sha256(f"embodichain-sampler:{seed}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class ReplacementSampler:
+    """Draws batch indices uniformly with replacement from its own generator stream."""
+
+    def __init__(self, corpus_size: int, batch_size: int, seed: int, rank: int) -> None:
+        self.corpus_size = corpus_size
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(stream_seed(seed, rank))
+        self.batches_drawn = 0
+
+    def next_indices(self) -> torch.Tensor:
+        self.batches_drawn += 1
+        return torch.randint(self.corpus_size, (self.batch_size,), generator=self.generator)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "batches_drawn": self.batches_drawn,
+                "corpus_size": self.corpus_size, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.batches_drawn = int(state["batches_drawn"])
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:

@@ -21,7 +21,7 @@ from embodichain.core.distributed.stop_request import (
     TRAINING_GRACE_S,
     blocking_wait,
 )
-from embodichain.core.errors import UsageError
+from embodichain.core.errors import TrainingError, UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
 
 
@@ -276,10 +276,24 @@ def rank_zero_origin() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname()}
 
 
+def raise_if_rank_zero_failed(failure: str | None, what: str, waiting_for: str,
+                              **shared: Any) -> dict[str, Any]:
+    """Every rank learns whether rank 0 failed (validating, saving); if so every rank raises
+    TrainingError with rank 0's `what` (only rank 0 may know which file failed), so none
+    hangs. `shared`: rank 0's values that ride along, returned in the outcome."""
+    mine = {"failure": failure, "what": what, **rank_zero_origin(), **shared}
+    with waiting_for_others(waiting_for, on_rank_zero=True):
+        outcome = broadcast_from_rank_zero(mine if is_rank_zero() else None)
+    if outcome["failure"]:
+        wait_for_rank_zero_exit(outcome)
+        raise TrainingError(f"{outcome['what']}: {outcome['failure']}")
+    return outcome
+
+
 def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
     """Called by every rank when rank 0 stops the run (refusal or failure), before raising.
 
-    Guarantee (SPEC §9): each worker ends with the run's own exit code (2 for a refusal, 1
+    Guarantee (design §9): each worker ends with the run's own exit code (2 for a refusal, 1
     for a failure), also on a loaded machine, and rank 0 prints the reason. torchrun stops
     the remaining workers with SIGTERM as soon as the first one exits, so from here until
     it exits every rank ignores SIGTERM: a rank still shutting down when torchrun reacts

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from embodichain.core.errors import UsageError
-from embodichain.core.runs.facts import SELF_LAUNCHED
+from embodichain.core.runs.commands import SELF_LAUNCHED
 
 REFUSED = 2  # a worker's exit code for bad input (UsageError)
 ran_an_agent = False  # whether this process ran torch's elastic agent (see cli.main)

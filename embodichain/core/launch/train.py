@@ -3,7 +3,7 @@
 Rank 0 alone inspects, locks and claims the output directory and reads the checkpoint
 (resume_policy decides how the run starts); it then sends every rank the outcome, so a
 refusal is decided (and printed) once and all ranks exit with the same code (R-DIST-5,
-SPEC §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
+design §9). SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import random
 import socket
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import embodichain
-from embodichain.core.data.source import stream_seed
-from embodichain.core.distributed import process_group as dist_utils
+from embodichain.core.data.samplers import stream_seed
+from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import RefusedError, Stopped, TrainingError, UsageError
 from embodichain.core.observe.loggers import LoggingMetricsWriter, check_loggers
@@ -42,6 +43,22 @@ from embodichain.core.runs.run_lock import RunLock
 from embodichain.core.training.trainer import RunContext, SupervisedTrainer
 
 
+@dataclass
+class StartOutcome:
+    """How the run starts, as rank 0 decided it and every rank hears it: exactly one of
+    `identity` (the run goes ahead), `complete`, `refused` (exit 2) or `failed` (exit 1)."""
+
+    identity: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    continued: bool = False  # resumed: from a snapshot, or an earlier run restarted at 0
+    restore: bool = False  # a snapshot payload follows, each rank receiving its part
+    claimed: dict[str, Any] | None = None  # a fresh claim: what the directory held before
+    complete: str | None = None  # the run had already reached its end: why
+    refused: str | None = None
+    failed: str | None = None
+    origin: dict[str, Any] = field(default_factory=dict)  # rank 0's process, on a refusal
+
+
 def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = True
           ) -> dict[str, float]:
     """Build the recipe's trainer on every rank, prepare the run directory and fit.
@@ -50,11 +67,11 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     """
     start = start or Start()
     config = recipe.config
-    configure_logging(dist_utils.env_rank())
+    configure_logging(process_group.env_rank())
     check_loggers(config.trainer.loggers)  # a missing extra is refused before anything starts
     lock = RunLock(Path(config.trainer.output_dir))
     # Installed before the group exists: a signal during set-up stops at the first update.
-    with StopRequest() as stop, dist_utils.distributed_run(config.device) as device:
+    with StopRequest() as stop, process_group.distributed_run(config.device) as device:
         _seed_everything(config.seed)
         trainer = recipe.factory(config, device)
         if not isinstance(trainer, SupervisedTrainer):
@@ -62,38 +79,39 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
                              "not a SupervisedTrainer")
         try:
             # Ranks share the model init above; from here on each has its own streams.
-            _seed_everything(stream_seed(config.seed, dist_utils.rank()) % (2**32))
+            _seed_everything(stream_seed(config.seed, process_group.rank()) % (2**32))
             outcome = _agree_on_start(recipe, trainer, start, lock)
-            if "complete" in outcome:
-                if dist_utils.is_rank_zero():
-                    log.info("%s", outcome["complete"])
+            if outcome.complete is not None:
+                if process_group.is_rank_zero():
+                    log.info("%s", outcome.complete)
                 return {}
             _attach_run(trainer, recipe, outcome, device)
-            return _fit_and_summarize(trainer, stop, show_progress, outcome.get("claimed"))
+            return _fit_and_summarize(trainer, stop, show_progress, outcome.claimed)
         finally:
             trainer.close()
             lock.release()
 
 
-def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: dict[str, Any],
+def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: StartOutcome,
                 device: torch.device) -> None:
     """Give the trainer its run directory, identity and (rank 0) metrics writer."""
     config = recipe.config
     directory = Path(config.trainer.output_dir)
-    continued = outcome["continued"]
+    continued = outcome.continued
+    assert outcome.identity is not None
     metrics = None
-    if dist_utils.is_rank_zero():
+    if process_group.is_rank_zero():
         metrics = LoggingMetricsWriter(directory, config.trainer.loggers,
                                        trainer.step if continued else None,
-                                       identity=outcome["identity"])
-    trainer.attach(RunContext(directory, outcome["identity"], metrics))
-    if dist_utils.is_rank_zero():
-        for note in outcome["notes"]:
+                                       identity=outcome.identity)
+    trainer.attach(RunContext(directory, outcome.identity, metrics))
+    if process_group.is_rank_zero():
+        for note in outcome.notes:
             log.info("%s", note)
         log.info("run %s: %s in %s (world size %d, device %s)",
-                 outcome["identity"]["run_id"][:12],
+                 outcome.identity["run_id"][:12],
                  f"resuming at update {trainer.step}" if continued else "training",
-                 directory, dist_utils.world_size(), device)
+                 directory, process_group.world_size(), device)
 
 
 def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progress: bool,
@@ -114,7 +132,7 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
         status = "stopped"
         raise
     finally:
-        if dist_utils.is_rank_zero() and not (
+        if process_group.is_rank_zero() and not (
                 status != "finished" and claimed and trainer.step == start_step
                 and _give_back(trainer, claimed)):
             with contextlib.suppress(OSError):
@@ -143,7 +161,7 @@ def _seed_everything(seed: int) -> None:
 
 
 def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lock: RunLock
-                    ) -> dict[str, Any]:
+                    ) -> StartOutcome:
     """Rank 0 decides how the run starts; every rank learns the outcome and restores its part.
 
     One gather brings rank 0 every rank's host, data identity and (for `--resume auto`)
@@ -151,37 +169,37 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
     the snapshot; it broadcasts the common state and scatters each rank only its own part,
     so no other node needs the file (nor the run directory).
     """
-    facts = {"rank": dist_utils.rank(), "host": socket.gethostname(),
+    facts = {"rank": process_group.rank(), "host": socket.gethostname(),
              "source_identity": trainer.source.identity,
              "sees_run": start.kind == "auto"
              and bool(artifacts_in(Path(recipe.config.trainer.output_dir)))}
-    peers = dist_utils.gather_to_rank_zero(facts)
+    peers = process_group.gather_to_rank_zero(facts)
     outcome, payload = None, None
-    if dist_utils.is_rank_zero():
+    if process_group.is_rank_zero():
         outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [])
-    outcome = dist_utils.broadcast_from_rank_zero(outcome)
-    if "refused" in outcome:
-        dist_utils.wait_for_rank_zero_exit(outcome)
-        raise RefusedError(outcome["refused"])
-    if "failed" in outcome:
-        dist_utils.wait_for_rank_zero_exit(outcome)
-        raise TrainingError(f"preparing the run failed on rank 0: {outcome['failed']}")
-    if outcome.get("restore"):
+    outcome = process_group.broadcast_from_rank_zero(outcome)
+    if outcome.refused is not None:
+        process_group.wait_for_rank_zero_exit(outcome.origin)
+        raise RefusedError(outcome.refused)
+    if outcome.failed is not None:
+        process_group.wait_for_rank_zero_exit(outcome.origin)
+        raise TrainingError(f"preparing the run failed on rank 0: {outcome.failed}")
+    if outcome.restore:
         common = {k: v for k, v in payload.items() if k != "ranks"} if payload else None
-        common = dist_utils.broadcast_from_rank_zero(common)
+        common = process_group.broadcast_from_rank_zero(common)
         if "sharded" in common:  # each rank reads its own shard file (R-SHARD-2)
             trainer.restore(common)
             return outcome
-        parts = ([payload["ranks"][r] for r in range(dist_utils.world_size())]
+        parts = ([payload["ranks"][r] for r in range(process_group.world_size())]
                  if payload is not None else None)
-        own = dist_utils.scatter_from_rank_zero(parts)
-        trainer.restore({**common, "ranks": {dist_utils.rank(): own}})
+        own = process_group.scatter_from_rank_zero(parts)
+        trainer.restore({**common, "ranks": {process_group.rank(): own}})
     return outcome
 
 
 def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Start,
                           lock: RunLock, peers: list[dict[str, Any]]
-                          ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                          ) -> tuple[StartOutcome, dict[str, Any] | None]:
     """The outcome every rank hears, and the snapshot payload to restore (or None)."""
     directory = Path(recipe.config.trainer.output_dir)
     try:  # whatever fails here, the other ranks wait for an outcome: they must hear of it
@@ -191,7 +209,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "factory": recipe.config.factory,
             "config_sha256": config_sha256(recipe.resolved),
             "source_identity": trainer.source.identity,
-            "world_size": dist_utils.world_size(),
+            "world_size": process_group.world_size(),
             "versions": versions(recipe),
             "config": recipe.resolved,
             "resumed_from": None,
@@ -201,14 +219,15 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
         prepared = prepare(start, identity, directory, lock, recipe.source)
         lock.publish(identity["created_at"])
     except RunComplete as done:
-        return {"complete": str(done)}, None
+        return StartOutcome(complete=str(done)), None
     except UsageError as exc:
-        return {"refused": str(exc), **dist_utils.rank_zero_origin()}, None
+        return StartOutcome(refused=str(exc), origin=process_group.rank_zero_origin()), None
     except Exception as exc:
-        return {"failed": f"{type(exc).__name__}: {exc}", **dist_utils.rank_zero_origin()}, None
-    return ({"identity": prepared.identity, "notes": list(prepared.notes),
-             "continued": prepared.continued, "restore": prepared.payload is not None,
-             "claimed": prepared.claimed.as_json() if prepared.claimed else None},
+        return StartOutcome(failed=f"{type(exc).__name__}: {exc}",
+                            origin=process_group.rank_zero_origin()), None
+    return (StartOutcome(identity=prepared.identity, notes=list(prepared.notes),
+                         continued=prepared.continued, restore=prepared.payload is not None,
+                         claimed=prepared.claimed.as_json() if prepared.claimed else None),
             prepared.payload)
 
 

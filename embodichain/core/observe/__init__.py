@@ -1,2 +1,3 @@
-"""What a user sees of a run: the progress bar and log lines, metric loggers (jsonl,
-TensorBoard), the end-of-run summary and `report`'s plots."""
+"""What a user sees of a run: the progress bar and log lines (`progress`), the metric
+loggers (`loggers/`: metrics.jsonl, TensorBoard, wandb, third-party ones), the end-of-run
+summary (`summary`) and `report`'s plots (`report`)."""

@@ -15,15 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TextIO
 
+from embodichain.core.checkpoint.manifest import checkpoint_step
+from embodichain.core.checkpoint.names import BEST, LAST, snapshot_names
 from embodichain.core.recipe.best import DEFAULT_BEST, Best
 from embodichain.core.runs.best_record import run_best, stopped_early_event, stopped_early_text
-from embodichain.core.runs.facts import (
-    checkpoint_step,
-    command_for,
-    planned_updates,
-    snapshot_names,
-)
-from embodichain.core.runs.run_dir import METRICS, read_metrics, read_run_json
+from embodichain.core.runs.commands import command_for
+from embodichain.core.runs.run_dir import METRICS, planned_updates, read_metrics, read_run_json
+from embodichain.core.runs.snapshots import newest_snapshot_path
 
 Status = Literal["finished", "stopped", "failed", "refused"]
 
@@ -131,14 +129,13 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
             text += f", best {fig.best:.6g} (update {fig.best_step})"
         row(fig.key, text)
     row("run dir", str(directory))
-    shown = [f"{name} (update {step})" if name in ("last.pt", "best.pt")
+    shown = [f"{name} (update {step})" if name in (LAST, BEST)
              and (step := checkpoint_step(Path(directory) / name)) is not None else name
              for name in facts.snapshots]
     row("snapshots", ", ".join(shown) or "none")
-    newest = "last.pt" if "last.pt" in facts.snapshots else next(
-        (n for n in reversed(facts.snapshots) if n.startswith("step_")), None)
+    newest = newest_snapshot_path(Path(directory)) if facts.snapshots else None
     if newest is not None:
-        row("inspect", f"embodichain inspect-checkpoint {d}/{newest}")
+        row("inspect", f"embodichain inspect-checkpoint {d}/{newest.name}")
     if status == "finished" and facts.stopped_early is not None:
         patience = facts.stopped_early.get("patience")
         more = 2 * patience if isinstance(patience, int) else "N"

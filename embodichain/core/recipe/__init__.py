@@ -1,3 +1,5 @@
-"""Recipes: the framework schema, loading YAML with `--set` overrides, the error messages
-that name the key at fault, and discovery of factories and packaged recipes by entry point.
-Imports no other sub-package of `core`, and no torch."""
+"""Recipes: the framework schema (`schema`, `limits`), loading YAML with `--set` overrides
+(`loading`), validation errors that name the key at fault (`validation_errors`), the best
+metric (`best`), logger names (`logger_names`), and discovery of factories and packaged
+recipes by entry point (`discovery`, `packaged`). Imports no other sub-package of `core`,
+and no torch."""

@@ -1,4 +1,4 @@
-"""Limits of the framework's own values beyond what their types say (R-CFG-5, SPEC §9).
+"""Limits of the framework's own values beyond what their types say (R-CFG-5, design §9).
 
 A YAML integer has no size limit, but the code that uses it does: torch takes 64-bit
 integers, and a batch of 10^21 examples validates as a positive integer only to crash in

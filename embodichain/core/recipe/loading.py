@@ -16,14 +16,14 @@ from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.limits import framework_limit_problems
-from embodichain.core.recipe.messages import (
+from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
+from embodichain.core.recipe.validation_errors import (
     allows_none,
     annotation_at,
     format_validation_error,
     is_text,
     strict_value_problems,
 )
-from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ def _no_schema_problems(raw: Mapping[str, Any], factory_ref: str) -> list[str]:
     `model: unknown key` (which reads as a typo in the recipe)."""
     return [f"{key}: factory '{factory_ref}' has no config_schema, so it takes no `{key}` "
             "section; declare the factory's sections (`build_supervised_trainer.config_schema "
-            "= MyRecipe`, a Section or dataclass: see the README's 'Writing a factory')"
+            "= MyRecipe`, a Section or dataclass: see docs/factories.md)"
             for key in raw if key not in FrameworkConfig.model_fields]
 
 

@@ -4,7 +4,7 @@ A recipe is one YAML mapping. The framework owns `factory`, `seed`, `device`, `t
 `optimizer` and `scheduler`; every other top-level section belongs to the factory, which
 declares it through a `config_schema` attribute (a pydantic model or a dataclass). Both are
 validated together in one pass so that every problem is reported at once (see
-`recipe/loading.py` for loading and `recipe/messages.py` for the messages).
+`recipe/loading.py` for loading and `recipe/validation_errors.py` for its error messages).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class TrainerConfig(Section):
     early_stop: EarlyStopConfig | None = None
     """Stop after `patience` validations without improving the best metric (a snapshot is
     written; the run counts as complete)."""
-    # -- data loading (SPEC §11): worker processes, prefetch depth, sampling ------------
+    # -- data loading (design §11): worker processes, prefetch depth, sampling ------------
     data_workers: NonNegativeInt = 0
     """Processes of torch's DataLoader loading a `DatasetSource` (0: the training process).
     The trained model is the same for every value."""

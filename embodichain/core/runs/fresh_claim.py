@@ -1,4 +1,4 @@
-"""Taking back a fresh claim when the run did nothing (R-RUN-1, SPEC §9).
+"""Taking back a fresh claim when the run did nothing (R-RUN-1, design §9).
 
 A fresh run claims its output directory (run.json) before its first update. If it then fails
 before any update is done and nothing was saved (an objective that raises, a batch too big

@@ -23,12 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from embodichain.core.checkpoint.file import (
-    LAST,
-    check_rank_entries,
-    read_checkpoint,
-    step_files,
-)
+from embodichain.core.checkpoint.file import check_rank_entries, read_checkpoint
+from embodichain.core.checkpoint.manifest import checkpoint_step
+from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.checkpoint.sharded import check_shards_here, payload_to_restore
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
@@ -37,12 +34,7 @@ from embodichain.core.recipe.schema import (
     flatten_keys,
     is_resumable_change,
 )
-from embodichain.core.runs.facts import (
-    checkpoint_step,
-    command_for,
-    fresh_command,
-    resume_command,
-)
+from embodichain.core.runs.commands import command_for, fresh_command, resume_command
 from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
 from embodichain.core.runs.roll_back import roll_back
 from embodichain.core.runs.run_dir import (
@@ -228,37 +220,45 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
 def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict[str, Any],
                              recipe_source: str | None) -> None:
     """R-RESUME-4: `--resume CKPT` into its own directory never rolls anything back."""
-    step = snapshot.step
+    problem = in_place_problem(snapshot.path, snapshot.run.get("run_id"), snapshot.step,
+                               directory)
+    if problem is None:
+        return
     config_path = (recipe_source if recipe_source and Path(recipe_source).is_file()
                    else None)
     ways = (f"To continue this run from its newest snapshot, rolling back what came after "
             f"it: {resume_command(directory, identity['world_size'])}. To keep this directory "
             f"as it is, resume into a fresh one: "
             f"{fresh_command(snapshot.path, directory, config_path, identity['world_size'])}")
-    run_id = snapshot.run.get("run_id")
+    raise RefusedError(f"{problem}. {ways}")
+
+
+def in_place_problem(checkpoint: Path, run_id: str | None, step: int, directory: Path
+                     ) -> str | None:
+    """Why the checkpoint (of run `run_id`, at update `step`) may not continue its own run
+    directory in place (R-RESUME-4, R-RESUME-5), or None. The one rule behind both
+    `train-sl --resume CKPT` and `inspect-checkpoint CKPT --config`."""
     if run_id is None:
-        raise RefusedError(f"{snapshot.path} carries no run identity, so it cannot continue "
-                           f"{directory} in place. {ways}")
+        return (f"{checkpoint} carries no run identity, so it cannot continue {directory} "
+                "in place")
     run_json = read_run_json(directory)
     if run_json is None or run_json.get("run_id") != run_id:
         found = run_json.get("run_id") if run_json else f"no {RUN_JSON}"
-        raise RefusedError(f"{snapshot.path} belongs to run {run_id}, but {directory} "
-                           f"holds run {found}. {ways}")
+        return f"{checkpoint} belongs to run {run_id}, but {directory} holds run {found}"
     history = read_metrics(directory / METRICS)
     if history.last_step is not None and history.last_step > step:
-        raise RefusedError(
-            f"{directory}/{METRICS} already has records up to update {history.last_step}, "
-            f"beyond the checkpoint's update {step}; continuing from it here would mix two "
-            f"histories. {ways}")
+        return (f"{directory}/{METRICS} already has records up to update {history.last_step}, "
+                f"beyond the checkpoint's update {step}; continuing from it here would mix "
+                "two histories")
     later = [path.name for n, path in step_files(directory) if n > step]
     last_step = checkpoint_step(directory / LAST) if (directory / LAST).exists() else None
     if not later and last_step is not None and last_step > step:  # e.g. a stop's snapshot
         later = [f"{LAST} (update {last_step})"]
     if later:
-        raise RefusedError(
-            f"{directory} already holds checkpoints beyond update {step} "
-            f"({', '.join(later[:3])}{', ...' if len(later) > 3 else ''}); continuing from it "
-            f"here would replace them. {ways}")
+        return (f"{directory} already holds checkpoints beyond update {step} "
+                f"({', '.join(later[:3])}{', ...' if len(later) > 3 else ''}); continuing "
+                "from it here would replace them")
+    return None
 
 
 def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import re
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from embodichain.core.errors import RefusedError
-from embodichain.core.runs.facts import resume_command
+from embodichain.core.runs.commands import resume_command
 
 RUN_JSON = "run.json"
 METRICS = "metrics.jsonl"
@@ -161,6 +162,18 @@ def read_run_json(directory: Path) -> dict[str, Any] | None:
             from None
 
 
+def planned_updates(run_json: dict[str, Any]) -> int | None:
+    """The run's `trainer.max_updates` now: the newest resume's (`--set
+    trainer.max_updates=N` raises it), else the recipe's that started the run."""
+    for event in reversed(run_json.get("events") or []):
+        if isinstance(event, dict) and event.get("event") == "resumed" \
+                and isinstance(event.get("max_updates"), int):
+            return event["max_updates"]
+    trainer = (run_json.get("config") or {}).get("trainer") or {}
+    value = trainer.get("max_updates")
+    return value if isinstance(value, int) else None
+
+
 def update_run_json(directory: Path, change: Callable[[dict[str, Any]], None]) -> None:
     data = read_run_json(directory) or {}
     change(data)
@@ -225,6 +238,12 @@ def move_torn_tail(directory: Path) -> str | None:
         f.flush()
         os.fsync(f.fileno())
     return tail.decode("utf-8", "replace")
+
+
+def finite_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` without non-finite numbers: metrics.jsonl is strict JSON (no NaN/Infinity)."""
+    return {k: v for k, v in values.items()
+            if not (isinstance(v, float) and not math.isfinite(v))}
 
 
 class MetricsWriter:

@@ -1,5 +1,11 @@
-"""Choosing the snapshot a run continues from: the newest complete one, by step and
-digest-verified (R-RESUME-8), and the recipe stored with a run (R-RESUME-6)."""
+"""Which snapshot a run directory means: the newest complete one, by step and
+digest-verified (R-RESUME-8), and the recipe stored with a run (R-RESUME-6).
+
+`newest_snapshot` is the one answer to "which snapshot": `resume` continues from it,
+`inspect-checkpoint DIR` and `export DIR` read it, and the `runs` table, the end-of-run
+summary and the messages of a stopped run name it (those without verifying digests:
+`verify=False` reads each candidate's manifest only, without torch).
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from embodichain.core.checkpoint.file import LAST, read_checkpoint, step_files
+from embodichain.core.checkpoint.manifest import read_manifest
+from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import CheckpointError, RefusedError
 from embodichain.core.runs.run_dir import RUN_JSON, read_run_json
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A verified checkpoint chosen to continue from. `note` says why it is not last.pt;
-    `damaged` lists newer snapshot files that failed verification."""
+    """A checkpoint chosen to continue from. `note` says why it is not last.pt; `damaged`
+    lists newer snapshot files that failed verification. `data` is the whole verified
+    checkpoint, or only `{"manifest": ...}` when chosen with `verify=False`."""
 
     path: Path
     data: dict[str, Any]
@@ -32,24 +40,23 @@ class Snapshot:
         return self.data["payload"]["run"]
 
 
-
-
-
-def newest_snapshot(directory: Path) -> Snapshot | None:
+def newest_snapshot(directory: Path, *, verify: bool = True) -> Snapshot | None:
     """The newest complete snapshot of a run directory: by step, digest-verified (R-RESUME-8).
 
     last.pt is normally the newest (it is published before the step file of the same
     update); when it is missing or damaged, the newest `step_N.pt` that verifies is used and
     the note says so. None when the run never saved a snapshot; RefusedError when it saved
-    some and none verifies.
+    some and none verifies. `verify=False` takes a file whose manifest reads as complete
+    (no digest check, no torch): the choice `resume` makes unless a file is damaged inside.
     """
+    read = _read_verified if verify else _read_manifest
     problems: list[str] = []
     damaged: list[Path] = []
     best: Snapshot | None = None
     files = snapshot_files(directory)
     if (directory / LAST).exists():
         try:
-            best = Snapshot(directory / LAST, read_checkpoint(directory / LAST))
+            best = Snapshot(directory / LAST, read(directory / LAST))
         except CheckpointError as exc:
             problems.append(f"{LAST} is damaged ({exc})")
             damaged.append(directory / LAST)
@@ -57,7 +64,7 @@ def newest_snapshot(directory: Path) -> Snapshot | None:
         if best is not None and step <= best.step:
             break
         try:
-            best = Snapshot(path, read_checkpoint(path))
+            best = Snapshot(path, read(path))
         except CheckpointError as exc:
             problems.append(f"{path.name} is damaged ({exc})")
             damaged.append(path)
@@ -75,6 +82,38 @@ def newest_snapshot(directory: Path) -> Snapshot | None:
     note = "; ".join(problems) + f"; continuing from {best.path.name} (update {best.step}), " \
         "the newest snapshot that verifies"
     return Snapshot(best.path, best.data, note, tuple(damaged), files)
+
+
+def newest_snapshot_path(directory: Path) -> Path | None:
+    """The snapshot `resume` would continue from, for a message (manifests only, never
+    raises): None when the run saved none that reads."""
+    try:
+        snapshot = newest_snapshot(directory, verify=False)
+    except RefusedError:
+        return None
+    return snapshot.path if snapshot is not None else None
+
+
+def where_to_continue(directory: Path) -> str:
+    """Which snapshot a failed run can continue from, as this rank sees the directory."""
+    if not directory.is_dir():  # another node: only rank 0 sees the run directory
+        return "rank 0's run directory holds the last snapshot"
+    snapshot = newest_snapshot_path(directory)
+    return (f"the last snapshot is {snapshot}" if snapshot is not None
+            else f"no snapshot was saved in {directory} yet")
+
+
+def _read_verified(path: Path) -> dict[str, Any]:
+    from embodichain.core.checkpoint.file import read_checkpoint  # torch
+
+    return read_checkpoint(path)
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise CheckpointError(f"{path} is not a readable checkpoint")
+    return {"manifest": manifest}
 
 
 def snapshot_files(directory: Path) -> tuple[tuple[str, int, int], ...]:

@@ -14,10 +14,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.errors import RefusedError
 from embodichain.core.runs.best_record import run_best, stopped_early_event, stopped_early_text
-from embodichain.core.runs.facts import checkpoint_step, planned_updates, snapshot_names
-from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
+from embodichain.core.runs.run_dir import (
+    METRICS,
+    RUN_JSON,
+    planned_updates,
+    read_metrics,
+    read_run_json,
+)
 from embodichain.core.runs.run_lock import describe_holder, lock_holder
+from embodichain.core.runs.snapshots import newest_snapshot
 
 
 @dataclass
@@ -77,14 +84,12 @@ def describe_run(directory: Path) -> RunRow:
               and not isinstance(r.get(best.metric), bool)]
     best_of = best.best_of(series)
     early = stopped_early_event(identity)
-    snapshot_steps = []
-    for name in snapshot_names(directory):
-        if name.startswith("step_"):
-            snapshot_steps.append(int(name[len("step_"):-len(".pt")]))
-        elif name == "last.pt" and (step := checkpoint_step(directory / name)) is not None:
-            snapshot_steps.append(step)
-    snapshot = max(snapshot_steps, default=None)
-    last = max(steps + snapshot_steps, default=None)
+    try:  # the snapshot `resume` would continue from (manifests only, not verified)
+        newest = newest_snapshot(directory, verify=False)
+    except RefusedError:  # none reads
+        newest = None
+    snapshot = newest.step if newest is not None else None
+    last = max(steps + ([snapshot] if snapshot is not None else []), default=None)
     holder = lock_holder(directory)
     if holder is not None:
         state = "running"

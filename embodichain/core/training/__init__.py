@@ -1,2 +1,5 @@
-"""Training: `SupervisedTrainer` and its fit loop, the learner's weighted update, the
-objective's `LossResult`, validation callbacks and the non-finite loss policy."""
+"""Training: `SupervisedTrainer` and its fit loop (`trainer`), its snapshots
+(`checkpointing`), the learner's weighted update (`learner`, `param_groups`, `precision`,
+`ema`), the objective's `LossResult` (`objective`), how batches are drawn (`batches`),
+validation callbacks (`callbacks`), the non-finite loss policy (`nonfinite`) and how a
+stopped fit ends (`stops`)."""

@@ -20,6 +20,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -97,6 +98,28 @@ def _weighted_allreduce_hook(state, bucket):  # DDP checks these annotations at 
     return work.get_future().then(finish)
 
 
+@dataclass(frozen=True)
+class UpdateResult:
+    """One update's global figures, the same on every rank.
+
+    `metrics`: `loss` and the objective's metrics, weighted means over all ranks and
+    micro-batches (empty when the global weight is 0). The rest are the control values that
+    rode the update's all-reduce: `stop` is the sum of every rank's stop flag,
+    `rank_zero_note` rank 0's note about saves (checkpoint/writer.py).
+    """
+
+    metrics: dict[str, float]
+    weight: float
+    skipped: bool  # the optimizer did not step: zero global weight, or a non-finite loss
+    nonfinite: bool
+    stop: float
+    rank_zero_note: float
+
+    @property
+    def loss(self) -> float | None:
+        return self.metrics.get("loss")
+
+
 class Learner:
     """Owns the model (and its DDP wrap), optimizer, LR schedule, autocast and grad scaler."""
 
@@ -155,10 +178,7 @@ class Learner:
             ddp.register_comm_hook(self._reduce, _weighted_allreduce_hook)
             self.wrapped = self._ddp = ddp
         self.metric_names: list[str] | None = None
-        self._stop_flags = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
-        # Rank 0's note to every rank (a time-based save is due, a background save failed:
-        # checkpoint/writer.py), summed by the same all-reduce after the stop flag.
-        self.rank_zero_note = 0.0
+        self._flag_values = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
 
     @property
     def sharded(self) -> bool:
@@ -170,14 +190,17 @@ class Learner:
         """The schedule's current learning rate (that of a group with `lr_scale` 1)."""
         return self.base_lr * self._lr_factor(self.scheduler.last_epoch)
 
-    def update(self, objective: Objective, batches: Batch | Sequence[Batch], stop: float = 0.0
-               ) -> dict[str, float]:
-        """One optimizer update over one batch or a sequence of micro-batches; returns global
-        `weight`, `skipped`, `stop` (the sum of every rank's `stop` flag), and `loss` and
-        metrics (weighted means over all ranks and micro-batches; absent when the global
-        weight is 0)."""
+    def update(self, objective: Objective, batches: Batch | Sequence[Batch], *,
+               stop: float = 0.0, rank_zero_note: float = 0.0) -> UpdateResult:
+        """One optimizer update over one batch or a sequence of micro-batches.
+
+        `stop` (this rank's stop flag) and `rank_zero_note` (rank 0's note to every rank: a
+        time-based save is due, a background save failed) ride the update's all-reduce and
+        come back summed over ranks.
+        """
+        flags = (stop, rank_zero_note)
         totals = self._accumulate(objective, [batches] if isinstance(batches, Mapping)
-                                  else batches, stop)
+                                  else batches, flags)
         nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
         skipped = totals[0] == 0.0 or nonfinite
         if not skipped:
@@ -191,17 +214,17 @@ class Learner:
                 self.ema.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {**self._summary(totals, skipped), **({"nonfinite": 1.0} if nonfinite else {})}
+        return self._result(totals, skipped, nonfinite)
 
-    def _accumulate(self, objective: Objective, micro_batches: Sequence[Batch], stop: float
-                    ) -> list[float]:
+    def _accumulate(self, objective: Objective, micro_batches: Sequence[Batch],
+                    flags: tuple[float, float]) -> list[float]:
         """Forward and backward of each micro-batch (R-LOOP-1); the global totals.
 
         Only the last backward synchronises: the comm hook then all-reduces the gradients
         accumulated over all micro-batches with their summed statistics and the flags.
         """
         if self.sharded:
-            return self._accumulate_sharded(objective, micro_batches, stop)
+            return self._accumulate_sharded(objective, micro_batches, flags)
         count = len(micro_batches)
         summed = None
         for k in range(count):
@@ -214,7 +237,7 @@ class Learner:
                 local = self._local_statistics(result)
                 summed = local if summed is None else summed + local
                 if last:
-                    self._reduce.local = torch.cat([summed, self._flags(stop)])
+                    self._reduce.local = torch.cat([summed, self._flags(flags)])
                 self.scaler.scale(result.loss.float() * local[0]).backward()
         if self._ddp is None:  # one process: reduce locally, same arithmetic
             self._reduce.reduced = self._reduce.local
@@ -224,7 +247,7 @@ class Learner:
         return self._reduce.reduced.tolist()
 
     def _accumulate_sharded(self, objective: Objective, micro_batches: Sequence[Batch],
-                            stop: float) -> list[float]:
+                            flags: tuple[float, float]) -> list[float]:
         """Under FSDP2: every backward but the last accumulates locally; the last one
         reduce-scatters the summed gradients (SUM). The statistics and flags then take one
         small all-reduce of their own, and each gradient shard is divided by the global
@@ -239,7 +262,7 @@ class Learner:
             local = self._local_statistics(result)
             summed = local if summed is None else summed + local
             (result.loss.float() * local[0]).backward()
-        totals = torch.cat([summed, self._flags(stop)])
+        totals = torch.cat([summed, self._flags(flags)])
         dist.all_reduce(totals)
         sharding.divide_gradients(self.model.parameters(), totals[0])
         self._reduce.reduced = totals
@@ -255,27 +278,20 @@ class Learner:
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
         return torch.stack([v.reshape(()) for v in values])
 
-    def _flags(self, stop: float) -> torch.Tensor:
-        """The flags that ride on the update's all-reduce, summed over ranks:
-        `[stop, rank_zero_note]`."""
-        note = self.rank_zero_note
-        return torch.stack([
-            self._stop_flags[stop] if stop in self._stop_flags
-            else torch.tensor(stop, device=self.device),
-            self._stop_flags[note] if note in self._stop_flags
-            else torch.tensor(note, device=self.device)])
+    def _flags(self, flags: tuple[float, float]) -> torch.Tensor:
+        """`[stop, rank_zero_note]` as the tensor that rides the update's all-reduce."""
+        return torch.stack([self._flag_values[v] if v in self._flag_values
+                            else torch.tensor(v, device=self.device) for v in flags])
 
-    def _summary(self, totals: list[float], skipped: bool) -> dict[str, float]:
-        """Global weight, `skipped`, `stop`, and the weighted means (absent when the weight
-        is 0)."""
+    def _result(self, totals: list[float], skipped: bool, nonfinite: bool) -> UpdateResult:
+        """The totals as weighted means (none when the weight is 0) and control values."""
         weight, stop, note = totals[0], totals[-2], totals[-1]
-        summary = {"weight": weight, "skipped": float(skipped), "stop": float(stop),
-                   "rank_zero_note": float(note)}
+        metrics: dict[str, float] = {}
         if weight:
-            summary["loss"] = totals[1] / weight
+            metrics["loss"] = totals[1] / weight
             for name, value in zip(self.metric_names or [], totals[2:-2], strict=True):
-                summary[name] = value / weight
-        return summary
+                metrics[name] = value / weight
+        return UpdateResult(metrics, weight, skipped, nonfinite, float(stop), float(note))
 
     # -- state ---------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from embodichain.core.checkpoint.names import LAST
 from embodichain.core.distributed.stop_request import EXIT_CODES, StopRequest, signal_name
 from embodichain.core.errors import Stopped
-from embodichain.core.runs.facts import resume_command
+from embodichain.core.runs.commands import resume_command
 
 
 def stopped(signum: int, step: int, max_updates: int, directory: Path, world_size: int
@@ -22,7 +23,7 @@ def stopped(signum: int, step: int, max_updates: int, directory: Path, world_siz
     """The stop after the snapshot of `step` was saved on every rank's behalf."""
     return Stopped(
         f"stopped by {signal_name(signum)} at update {step} of {max_updates}: saved "
-        f"{directory / 'last.pt'} (update {step}), so no work is lost. Continue with: "
+        f"{directory / LAST} (update {step}), so no work is lost. Continue with: "
         f"{resume_command(directory, world_size)}",
         EXIT_CODES[signum])
 

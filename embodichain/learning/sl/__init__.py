@@ -19,13 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
     from embodichain.core.data.dataset_source import DatasetSource, file_digest
-    from embodichain.core.data.samplers import EpochSampler
-    from embodichain.core.data.source import (
-        ReplacementSampler,
-        Source,
-        TensorSource,
-        tensor_digest,
-    )
+    from embodichain.core.data.samplers import EpochSampler, ReplacementSampler
+    from embodichain.core.data.source import Source, TensorSource, tensor_digest
     from embodichain.core.distributed.process_group import distributed_run
     from embodichain.core.errors import ConfigError, UsageError
     from embodichain.core.recipe.schema import (
@@ -36,7 +31,7 @@ if TYPE_CHECKING:
         TrainerConfig,
     )
     from embodichain.core.training.callbacks import SaveBest, ValidationCallback
-    from embodichain.core.training.learner import Learner
+    from embodichain.core.training.learner import Learner, UpdateResult
     from embodichain.core.training.objective import LossResult, Objective
     from embodichain.core.training.trainer import Evaluate, RunContext, SupervisedTrainer
 
@@ -46,13 +41,12 @@ _HOMES = {
     "embodichain.core.recipe.schema": ("FrameworkConfig", "OptimizerConfig", "SchedulerConfig",
                                 "Section", "TrainerConfig"),
     "embodichain.core.data.dataset_source": ("DatasetSource", "file_digest"),
-    "embodichain.core.data.samplers": ("EpochSampler",),
+    "embodichain.core.data.samplers": ("EpochSampler", "ReplacementSampler"),
     "embodichain.core.distributed.process_group": ("distributed_run",),
     "embodichain.core.errors": ("ConfigError", "UsageError"),
-    "embodichain.core.training.learner": ("Learner",),
+    "embodichain.core.training.learner": ("Learner", "UpdateResult"),
     "embodichain.core.training.objective": ("LossResult", "Objective"),
-    "embodichain.core.data.source": ("ReplacementSampler", "Source", "TensorSource",
-                                "tensor_digest"),
+    "embodichain.core.data.source": ("Source", "TensorSource", "tensor_digest"),
     "embodichain.core.training.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
@@ -76,6 +70,7 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "SupervisedTrainer",
     "TensorSource",
     "TrainerConfig",
+    "UpdateResult",
     "UsageError",
     "ValidationCallback",
     "distributed_run",

@@ -14,7 +14,8 @@ from pathlib import Path
 from conftest import child_pids, REPO, run_torchrun
 from data_runs import data_env, data_recipe
 
-from embodichain.core.data.source import ReplacementSampler
+from embodichain.core.checkpoint.manifest import checkpoint_step
+from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
 
 TRAIN_SIZE, BATCH = 1024, 32
@@ -55,7 +56,9 @@ def test_an_example_that_raises_stops_every_rank_naming_it(tmp_path: Path) -> No
     assert f"loading example {index} failed" in output, output
     assert f"update {update}" in output and f"ValueError: corrupt record {index} (test)" in output
     snapshot = (update - 1) // 5 * 5
-    assert f"the last snapshot is {run / f'step_{snapshot}.pt'}" in output, output
+    # The one `resume` continues from: last.pt, of that update.
+    assert f"the last snapshot is {run / 'last.pt'}" in output, output
+    assert checkpoint_step(run / "last.pt") == snapshot
     assert read_metrics(run / "metrics.jsonl").last_step == snapshot
     print(f"example {index} failed at update {update}; torchrun exited after {elapsed:.1f} s")
 
@@ -93,5 +96,5 @@ def test_a_sigkilled_data_worker_stops_every_rank_naming_it(tmp_path: Path) -> N
     # the death first (the SIGCHLD handler, or the queue's timeout check)
     assert (f"DataLoader worker (pid {victim}) is killed by signal: Killed" in output
             or f"DataLoader worker (pid(s) {victim}) exited unexpectedly" in output), output
-    assert "the last snapshot is " in output and "step_" in output, output
+    assert "the last snapshot is " in output and "last.pt" in output, output
     print(f"torchrun exited {elapsed:.1f} s after the data worker's SIGKILL")

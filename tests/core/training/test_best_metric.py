@@ -27,7 +27,7 @@ from conftest import (
 from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.runs.facts import checkpoint_step
+from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.runs.run_dir import read_metrics
 
 PATIENCE = 3

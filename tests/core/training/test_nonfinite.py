@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, run_torchrun, write_recipe
 
+from embodichain.core.checkpoint.manifest import checkpoint_step
+
 # SGD at this rate diverges within a few updates: the loss reaches inf, then nan.
 DIVERGING = {"optimizer.name": "sgd", "optimizer.lr": 1.0e6, "trainer.max_updates": 30,
              "trainer.log_every": 1, "trainer.save_every": 2, "trainer.validate_every": 0}
@@ -40,9 +42,14 @@ def test_stop_names_the_update_and_the_last_good_snapshot(launch: str, tmp_path:
     assert max(r["step"] for r in records) == step  # stopped there
     snapshots = sorted((tmp_path / "run").glob("step_*.pt"))
     assert [p.name for p in snapshots] == [f"step_{n}.pt" for n in range(2, step, 2)]
-    last_good = tmp_path / "run" / f"step_{(step - 1) // 2 * 2}.pt"
+    # The snapshot named is the one `resume` continues from: last.pt, of the newest save
+    # (a variant naming the newest step file instead names an older one after a time-based
+    # or stop snapshot).
+    last_good = tmp_path / "run" / "last.pt"
+    assert checkpoint_step(last_good) == (step - 1) // 2 * 2
     assert "non-finite training loss (" in proc.stderr and "trainer.on_nonfinite" in proc.stderr
-    assert f"at update {step}" in proc.stderr and str(last_good) in proc.stderr
+    assert f"at update {step}" in proc.stderr and f"the last good snapshot is {last_good}" \
+        in proc.stderr
     # Every worker says the same update; the only traceback is torchrun's own report.
     tracebacks = proc.stderr.split("Traceback (most recent call last):")[1:]
     if launch == "one-process":
@@ -71,7 +78,8 @@ def test_skip_continues_without_applying_the_update(tmp_path: Path) -> None:
 
 
 def test_helpers() -> None:
-    from embodichain.core.training.nonfinite import finite_values, nonfinite_loss
+    from embodichain.core.runs.run_dir import finite_values
+    from embodichain.core.training.nonfinite import nonfinite_loss
 
     assert nonfinite_loss([4.0, float("nan")]) and nonfinite_loss([4.0, float("inf"), 1.0])
     assert not nonfinite_loss([0.0, 0.0]) and not nonfinite_loss([2.0, 3.0])

@@ -18,7 +18,7 @@ import torch
 from conftest import TESTS, assert_ok, run_torchrun, worker_env, write_recipe
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.data.source import ReplacementSampler
+from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.runs.run_dir import read_metrics
 

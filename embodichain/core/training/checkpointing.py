@@ -1,0 +1,197 @@
+"""A trainer's snapshots: what a checkpoint holds, when and how it is written, and how a
+rank takes its part back (R-CKPT-1..9, R-VAL-2).
+
+At a save every rank captures its own state (RNG streams, sampler position, buffers) and
+rank 0 gathers it with the learner's state, which is the same on every rank. Rank 0 writes
+through one `CheckpointWriter` (in the background unless `trainer.async_save` is off), with
+at most one save in flight; a save that fails stops every rank at the next boundary. During
+validation the state committed before it is kept, so that a callback's `save()` on rank 0
+needs no collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from embodichain.core.checkpoint.names import LAST, step_files, step_of
+from embodichain.core.checkpoint.rank_state import (
+    capture_buffers,
+    capture_rng,
+    restore_buffers,
+    restore_rng,
+)
+from embodichain.core.checkpoint.writer import (
+    CheckpointWriter,
+    SaveClock,
+    SaveFailure,
+    failure_reason,
+    rank_zero_note,
+)
+from embodichain.core.data.samplers import Sampler
+from embodichain.core.distributed import process_group
+from embodichain.core.recipe.best import BestTracker
+from embodichain.core.recipe.schema import TrainerConfig
+from embodichain.core.runs.run_dir import MetricsWriter
+from embodichain.core.training.learner import Learner
+
+
+@dataclass
+class RunContext:
+    """Where a run writes and who it is; `metrics` is set on rank 0 only."""
+
+    directory: Path
+    identity: dict[str, Any]  # run_id, factory, config, config_sha256, source_identity, ...
+    metrics: MetricsWriter | None = None
+
+
+@dataclass
+class CommittedState:
+    """Every rank's state after an update, gathered on rank 0 (None elsewhere)."""
+
+    step: int
+    ranks: dict[int, dict[str, Any]] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Checkpointed(Protocol):
+    """What of a trainer goes into its checkpoints (a `SupervisedTrainer` is one)."""
+
+    step: int
+    learner: Learner
+    sampler: Sampler
+    tracker: BestTracker
+    last_metrics: dict[str, float]
+    callbacks: list[Any]
+    run: RunContext | None
+
+
+class Checkpointing:
+    """Captures, writes, prunes and restores a trainer's snapshots."""
+
+    def __init__(self, trainer: TrainerConfig, device: torch.device) -> None:
+        self.device = device
+        self.keep_last = trainer.keep_last
+        self.writer = CheckpointWriter(trainer.async_save)
+        self.clock = SaveClock(trainer.save_every_s)  # rank 0's clock (R-CKPT-9)
+        self._committed: CommittedState | None = None  # set only while validating
+
+    def rank_zero_note(self) -> float:
+        """Rank 0's note for the next update's all-reduce: a time-based save is due, or a
+        background save failed (0 on other ranks)."""
+        return (rank_zero_note(self.writer, self.clock) if process_group.is_rank_zero()
+                else 0.0)
+
+    def save(self, trainer: Checkpointed, path: Path) -> Path:
+        """Write a snapshot of `trainer` to `path` (a step file also as last.pt).
+
+        Collective, except while `committed()` is open (a validation callback on rank 0):
+        then the state committed before validation is written without any collective.
+        """
+        run = _require_run(trainer)
+        also_last = step_of(path.name) is not None and path.parent == run.directory
+        if self._committed is not None:
+            self._write(trainer, self._committed, path, also_last)
+            return path
+        # One save in flight at most: rank 0 first waits for the previous one (the others
+        # wait in the capture's gather), which may have failed.
+        failure = self.writer.settle() if process_group.is_rank_zero() else None
+        committed = self.capture(trainer)
+        if process_group.is_rank_zero() and failure is None:
+            try:
+                self._write(trainer, committed, path, also_last)
+            except Exception as exc:  # every rank must hear of it, or the others would hang
+                failure = SaveFailure(path, failure_reason(exc, path))
+        self.stop_if_failed(failure, trainer.step)
+        if also_last or path.name == LAST:
+            self.clock.restart()
+        return path
+
+    @contextlib.contextmanager
+    def committed(self, trainer: Checkpointed) -> Iterator[None]:
+        """While validating: the state of this update, captured from every rank first."""
+        self._committed = self.capture(trainer)
+        try:
+            yield
+        finally:
+            self._committed = None
+
+    def capture(self, trainer: Checkpointed) -> CommittedState:
+        own = {"rng": capture_rng(self.device), "sampler": trainer.sampler.state_dict(),
+               "buffers": capture_buffers(trainer.learner.model)}
+        with process_group.waiting_for_others(f"the state of update {trainer.step}",
+                                              on_rank_zero=True):
+            gathered = process_group.gather_to_rank_zero(own)
+        ranks = dict(enumerate(gathered)) if gathered is not None else None
+        return CommittedState(trainer.step, ranks)
+
+    def settle(self) -> SaveFailure | None:
+        """Wait for the save in flight (rank 0); its failure, if it failed."""
+        return self.writer.settle()
+
+    def stop_if_failed(self, failure: SaveFailure | None, step: int) -> None:
+        """Every rank stops, naming the file and the reason, when a save failed on rank 0."""
+        process_group.raise_if_rank_zero_failed(
+            failure.reason if failure else None, failure.what if failure else "",
+            f"rank 0 at update {step}")
+
+    def _write(self, trainer: Checkpointed, committed: CommittedState, path: Path,
+               also_last: bool) -> None:
+        run = _require_run(trainer)
+        payload = {
+            "run": {**run.identity, "step": committed.step,
+                    "metrics": dict(trainer.last_metrics),
+                    "best_tracker": trainer.tracker.state_dict()},
+            "learner": trainer.learner.state_dict(),
+            "ranks": committed.ranks,
+            "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
+                          if hasattr(cb, "state_dict")},
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        metrics = run.metrics  # durable up to this step before the snapshot is published;
+        durable = (None if metrics is None  # from the writer's thread: fsync, never write
+                   else metrics.fsync if self.writer.background else metrics.sync)
+        self.writer.write(payload, path, also_as=path.parent / LAST if also_last else None,
+                          before_publish=durable,
+                          after_publish=(lambda: self._apply_retention(path.parent))
+                          if also_last else None)
+
+    def _apply_retention(self, directory: Path) -> None:
+        if self.keep_last is None:
+            return
+        for _, old in step_files(directory)[:-self.keep_last]:
+            old.unlink(missing_ok=True)
+
+    def restore(self, trainer: Checkpointed, payload: Mapping[str, Any]) -> None:
+        """Load a verified checkpoint payload; each rank takes its own saved state."""
+        mine = payload["ranks"][process_group.rank()]
+        trainer.learner.load_state_dict(payload["learner"])
+        trainer.sampler.load_state_dict(mine["sampler"])
+        restore_buffers(trainer.learner.model, mine["buffers"])
+        restore_rng(mine["rng"], self.device)
+        saved = payload.get("callbacks") or {}
+        for key, callback in keyed_callbacks(trainer):
+            state = saved.get(key)
+            if state is not None and hasattr(callback, "load_state_dict"):
+                callback.load_state_dict(state)
+        trainer.step = int(payload["run"]["step"])
+        trainer.last_metrics = dict(payload["run"].get("metrics") or {})
+        trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
+
+
+def keyed_callbacks(trainer: Checkpointed) -> list[tuple[str, Any]]:
+    """Callbacks under checkpoint keys `"{index}:{class}"`: a callback's state only ever
+    goes back to a callback of the same kind at the same position."""
+    return [(f"{i}:{type(cb).__qualname__}", cb) for i, cb in enumerate(trainer.callbacks)]
+
+
+def _require_run(trainer: Checkpointed) -> RunContext:
+    if trainer.run is None:
+        raise RuntimeError("no run directory attached; launch through `embodichain "
+                           "train-sl` or call trainer.attach(...) first")
+    return trainer.run
