@@ -46,7 +46,7 @@ from embodichain.core.recipe.schema import FrameworkConfig, TrainerConfig
 from embodichain.core.training.checkpointing import (
     Checkpointed,
     Checkpointing,
-    _require_run,
+    RunContext,
     keyed_callbacks,
 )
 
@@ -177,6 +177,13 @@ def restore_sharded(trainer: Checkpointed, payload: Mapping[str, Any],
     trainer.step = int(payload["run"]["step"])
     trainer.last_metrics = dict(payload["run"].get("metrics") or {})
     trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
+
+
+def _require_run(trainer: Checkpointed) -> RunContext:
+    if trainer.run is None:
+        raise RuntimeError("no run directory attached; launch through `embodichain "
+                           "train-sl` or call trainer.attach(...) first")
+    return trainer.run
 
 
 def check_strategy(config: FrameworkConfig) -> None:
