@@ -36,3 +36,28 @@ def build_supervised_trainer(config, device):
 
 
 build_supervised_trainer.config_schema = sl_ddp.SlDdpConfig
+
+
+def failing_shard_on_rank_one(config, device):
+    """sl_ddp whose rank 1 cannot write files larger than 4 KiB from update 6 on (a full
+    disk on that rank's node only): its next shard write fails with EFBIG."""
+    import os
+    import resource
+    import signal
+
+    trainer = sl_ddp.build_supervised_trainer(config, device)
+    update = trainer.learner.update
+    done = [0]
+
+    def limited(*args, **kwargs):
+        done[0] += 1
+        if done[0] == 6 and os.environ.get("RANK") == "1":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes then fail with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        return update(*args, **kwargs)
+
+    trainer.learner.update = limited
+    return trainer
+
+
+failing_shard_on_rank_one.config_schema = sl_ddp.SlDdpConfig

@@ -11,12 +11,21 @@ ddp, and with one worker: each is refused naming the shard or the difference.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_ok, run_cli, run_torchrun, workers_output, write_recipe
+from conftest import (
+    FACTORIES,
+    SCRIPTS,
+    assert_ok,
+    run_cli,
+    run_torchrun,
+    workers_output,
+    write_recipe,
+)
 from recovery_helpers import factory_env
 from state_compare import assert_state_equal, comparable_records
 
@@ -148,3 +157,28 @@ def test_another_strategy_or_world_size_is_refused_by_name(reference: Path,
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "world_size: checkpoint 2, this run 1" in proc.stderr, proc.stderr
     assert not (tmp_path / "fresh").exists() or not list((tmp_path / "fresh").glob("*.pt"))
+
+
+def test_a_shard_write_failing_on_rank_one_stops_every_rank(tmp_path: Path) -> None:
+    """tests/factories/sharded_blocks.py:failing_shard_on_rank_one fills rank 1's disk from
+    update 6: its background write of update 8's shard fails. Catches: a failure that only
+    rank 1 hears of (rank 0 would publish a manifest naming a shard that is not there, or
+    hang), a message that does not name the rank and host, and a manifest published anyway."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run,
+                          factory="sharded_blocks:failing_shard_on_rank_one",
+                          **{"trainer.max_updates": 16, "trainer.save_every": 4,
+                             "trainer.log_every": 1, "trainer.validate_every": 0,
+                             "trainer.strategy": "fsdp"})
+    env = factory_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(FACTORIES), str(SCRIPTS), env["PYTHONPATH"]])
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress", env=env,
+                        timeout=GUARD)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert f"saving sharded checkpoint {run / 'step_8.pt'} failed" in out, out
+    assert "File too large" in out and "(shard of rank 1 on host" in out, out
+    assert out.count("[rank 1] error: saving sharded checkpoint") == 1, out
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 4
+    assert not (run / "step_8.pt").exists() and not (run / "step_12.pt").exists()
+    assert sharded_state(run)["step"] == 4  # the published checkpoint is whole

@@ -40,6 +40,14 @@ from embodichain.core.checkpoint.writer import SaveFailure, StagingArea, failure
 from embodichain.core.errors import CheckpointError
 
 
+class ShardedSaveFailure(SaveFailure):
+    """A sharded save that failed: on any rank (its reason names the rank and host)."""
+
+    @property
+    def what(self) -> str:
+        return f"saving sharded checkpoint {self.path} failed"
+
+
 class ShardedWriter:
     """Writes sharded checkpoints on every rank: in a background thread, else inline.
 
@@ -90,7 +98,7 @@ class ShardedWriter:
         try:
             self._failure = job.run()
         except BaseException as exc:  # a broken collective: kept for the training thread
-            self._failure = SaveFailure(job.path, failure_reason(exc, job.path))
+            self._failure = ShardedSaveFailure(job.path, failure_reason(exc, job.path))
 
     def settle(self) -> SaveFailure | None:
         """Wait for this rank's save in flight; the failure of any rank's save, if any."""
@@ -132,7 +140,7 @@ class _Save:
         if outcome["live"] is not None:
             self._remove_unnamed_shards(set(outcome["live"]))
         if outcome["failure"] is not None:
-            return SaveFailure(self.path, outcome["failure"])
+            return ShardedSaveFailure(self.path, outcome["failure"])
         return None
 
     def _write_shard(self) -> dict[str, Any]:
