@@ -163,4 +163,12 @@ def test_missing_file_and_run_directory(step_100: Path, tmp_path: Path) -> None:
     run_dir = invoke("inspect-checkpoint", str(step_100.parent), "--json")
     assert run_dir.exit_code == 0 and json.loads(run_dir.stdout)["step"] == 200  # its last.pt
     empty = invoke("inspect-checkpoint", str(tmp_path))
-    assert empty.exit_code == 2 and "without last.pt" in empty.stderr
+    assert empty.exit_code == 2 and "without a snapshot" in empty.stderr
+    # Without last.pt, a directory means the snapshot `resume` would take: the newest step
+    # file (a variant reading only last.pt refuses here).
+    copy = tmp_path / "copy"
+    shutil.copytree(step_100.parent, copy)
+    (copy / "last.pt").unlink()
+    newest = invoke("inspect-checkpoint", str(copy), "--json")
+    assert newest.exit_code == 0 and json.loads(newest.stdout)["step"] == 200, newest.stderr
+    assert "last.pt is missing" in newest.stderr

@@ -146,8 +146,9 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
         row("train on", command_for(f"resume {d} --set trainer.max_updates={more}",
                                     facts.world_size))
     elif status != "refused":
+        saved = any(name != BEST for name in facts.snapshots)
         row("continue", command_for(f"resume {d}", facts.world_size)
-            + ("" if newest is not None else "  (no snapshot yet: it restarts at update 0)"))
+            + ("" if saved else "  (no snapshot yet: it restarts at update 0)"))
     if facts.figures:  # a report drawn before is replaced only when asked (report --force)
         again = " --force" if (Path(directory) / "report.png").exists() else ""
         row("curves", f"embodichain report {d}{again}")

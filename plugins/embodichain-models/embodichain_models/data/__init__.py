@@ -1,0 +1,1 @@
+"""Readers of recorded robot data (LeRobot datasets)."""

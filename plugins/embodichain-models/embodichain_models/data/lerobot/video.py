@@ -1,0 +1,161 @@
+"""Video frames by timestamp (PyAV), PNG images, and the encoders that write them.
+
+Decoding follows lerobot's PyAV path: seek to the keyframe at or before the first wanted
+timestamp, decode forward past the last, and take for each wanted timestamp the nearest
+decoded frame, which must lie within `tolerance_s`. Unlike lerobot (which opens the file
+for every example) each process keeps its containers open, opened on first use in that
+process: a DataLoader worker opens its own after the fork, never inherits one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+
+from embodichain_models.data.lerobot.errors import LeRobotDecodeError, LeRobotFormatError
+
+VIDEO_CODEC = "libx264"  # in PyAV's wheels (its own FFmpeg); decoded by FFmpeg's h264
+_OPEN_LIMIT = 16  # containers kept open per process
+
+
+def video_length_s(path: Path) -> tuple[float, int]:
+    """The video's length in seconds (frames / frame rate) and its frame count."""
+    import av
+
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            frames = int(stream.frames)
+            rate = stream.average_rate or stream.guessed_rate
+            if frames <= 0 or not rate:  # no frame count in the header: count them
+                frames = sum(1 for _ in container.demux(stream) if _.size)
+            return float(frames / rate), frames
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise LeRobotFormatError(f"{path}: not a readable video ({exc})") from None
+
+
+class VideoFrames:
+    """Per-process cache of open containers; `frames()` decodes by timestamp."""
+
+    def __init__(self, tolerance_s: float) -> None:
+        self.tolerance_s = tolerance_s
+        self._containers: OrderedDict[Path, object] = OrderedDict()
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        return {"tolerance_s": self.tolerance_s, "_containers": OrderedDict(),
+                "_pid": None}  # never pickle an open container
+
+    def _container(self, path: Path):
+        import av
+
+        if self._pid != os.getpid():  # forked: the parent's containers are not ours
+            self._containers = OrderedDict()
+            self._pid = os.getpid()
+        container = self._containers.get(path)
+        if container is None:
+            container = av.open(str(path))
+            self._containers[path] = container
+            if len(self._containers) > _OPEN_LIMIT:
+                self._containers.popitem(last=False)[1].close()
+        else:
+            self._containers.move_to_end(path)
+        return container
+
+    def frames(self, path: Path, timestamps: list[float], episode: int,
+               frame_indices: list[int]) -> np.ndarray:
+        """uint8 `[len(timestamps), H, W, 3]`: the frames nearest each timestamp."""
+        import av
+
+        first, last = min(timestamps), max(timestamps)
+        decoded: list[np.ndarray] = []
+        times: list[float] = []
+
+        def where(i: int = 0) -> str:
+            return f"episode {episode}, frame {frame_indices[i]}, {path}"
+
+        try:
+            container = self._container(path)
+            stream = container.streams.video[0]
+            container.seek(max(0, round(first / stream.time_base) - 1), backward=True,
+                           any_frame=False, stream=stream)
+            for frame in container.decode(stream):
+                if frame.pts is None:
+                    continue
+                t = float(frame.pts * stream.time_base)
+                if t < first - self.tolerance_s:
+                    continue
+                decoded.append(frame.to_ndarray(format="rgb24"))
+                times.append(t)
+                if t >= last:
+                    break
+        except (av.error.FFmpegError, OSError) as exc:
+            self._containers.pop(path, None)
+            raise LeRobotDecodeError(f"cannot decode the video frame at t={first:.4f} s "
+                                     f"({where()}): {exc}") from None
+        loaded = np.asarray(times)
+        picked = []
+        for i, t in enumerate(timestamps):
+            nearest = int(np.abs(loaded - t).argmin()) if len(loaded) else -1
+            if nearest < 0 or abs(loaded[nearest] - t) > self.tolerance_s:
+                found = (f"the nearest decoded frame is at {loaded[nearest]:.4f} s"
+                         if nearest >= 0 else "no frame decodes from there on")
+                raise LeRobotDecodeError(
+                    f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
+                    f"({where(i)}): {found}")
+            picked.append(decoded[nearest])
+        return np.stack(picked)
+
+
+def encode_video(path: Path, frames: np.ndarray, fps: int, *, codec: str = VIDEO_CODEC,
+                 gop: int = 2, crf: int = 18) -> None:
+    """Write uint8 frames `[T, H, W, 3]` as an mp4 (yuv420p, a keyframe every `gop`
+    frames, as lerobot's recorder does) atomically; frame i at i / fps seconds."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    height, width = frames.shape[1:3]
+    with av.open(str(tmp), "w", format="mp4") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.codec_context.gop_size = gop
+        if codec == "libx264":
+            stream.options = {"crf": str(crf), "bf": "0", "preset": "veryfast"}
+        for i, image in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode(None))
+    os.replace(tmp, path)
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """PNG bytes of a uint8 `[H, W, 3]` image (lossless; PyAV's encoder, no Pillow)."""
+    import av
+
+    context = av.CodecContext.create("png", "w")
+    context.height, context.width = image.shape[:2]
+    context.pix_fmt = "rgb24"
+    packets = list(context.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(image),
+                                                             format="rgb24")))
+    packets += list(context.encode(None))
+    return b"".join(bytes(p) for p in packets)
+
+
+def decode_png(data: bytes, where: str) -> np.ndarray:
+    """uint8 `[H, W, 3]` of PNG (or JPEG) bytes; a LeRobotDecodeError naming `where`."""
+    import av
+
+    try:
+        codec = "mjpeg" if data[:2] == b"\xff\xd8" else "png"
+        frames = av.CodecContext.create(codec, "r").decode(av.Packet(data))
+        if not frames:
+            raise ValueError("no image in the bytes")
+        return frames[0].to_ndarray(format="rgb24")
+    except (av.error.FFmpegError, ValueError) as exc:
+        raise LeRobotDecodeError(f"cannot decode the image ({where}): {exc}") from None

@@ -1,0 +1,1 @@
+"""Policies learned from recorded demonstrations."""

@@ -1,0 +1,58 @@
+"""The behaviour-cloning policy: a small CNN over the last camera frames plus the state,
+predicting a chunk of future cart forces (normalised by the dataset's statistics)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from embodichain.learning.sl import LossResult
+
+
+def state_features(state: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """`[x, sin θ, cos θ, ẋ, θ̇]` with x and the velocities divided by `scale` `[3]`: the
+    angle as sine and cosine, so the hanging pole (θ = ±π) is one place, not two."""
+    x, theta, x_dot, theta_dot = state.unbind(-1)
+    return torch.stack((x / scale[0], torch.sin(theta), torch.cos(theta), x_dot / scale[1],
+                        theta_dot / scale[2]), dim=-1)
+
+
+class ChunkPolicy(nn.Module):
+    """`policy(images [B, F, 3, S, S], state [B, 4]) -> normalised forces [B, chunk]`."""
+
+    def __init__(self, frames: int, size: int, chunk: int, channels: int, hidden: int,
+                 state_scale: torch.Tensor, action_mean: torch.Tensor,
+                 action_std: torch.Tensor) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3 * frames, channels, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Flatten(), nn.Linear(channels * math.ceil(size / 8) ** 2, hidden), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(hidden + 5, hidden), nn.ReLU(),
+                                  nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, chunk))
+        self.register_buffer("state_scale", state_scale.to(torch.float32))
+        self.register_buffer("action_mean", action_mean.to(torch.float32).reshape(()))
+        self.register_buffer("action_std", action_std.to(torch.float32).reshape(()))
+
+    def forward(self, images: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        pixels = self.encoder(images.flatten(1, 2))
+        return self.head(torch.cat((pixels, state_features(state, self.state_scale)), -1))
+
+    def forces(self, images: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """The chunk of forces in newtons `[B, chunk]`."""
+        return self(images, state) * self.action_std + self.action_mean
+
+
+def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
+    """Mean squared error of the normalised chunk over the steps inside the episode: the
+    steps past its end (`action_is_pad`) neither count nor weigh, so ranks combine into
+    the exact mean over real steps."""
+    pred = model(batch["observation.image"], batch["observation.state"])
+    real = (~batch["action_is_pad"]).to(pred.dtype)
+    weight = real.sum()
+    loss = ((pred - batch["action"]).square() * real).sum() / weight.clamp_min(1.0)
+    return LossResult(loss=loss, weight=weight,
+                      metrics={"padded_fraction": 1.0 - weight / real.numel()})

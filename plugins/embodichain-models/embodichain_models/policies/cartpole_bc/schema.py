@@ -1,0 +1,66 @@
+"""The cart-pole behaviour-cloning recipe's own sections (no torch at import: registered in
+`embodichain.sl_schemas`, so `validate-config` stays fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, Strict
+
+from embodichain.learning.sl import Section
+
+PREPARE_COMMAND = "python -m embodichain_models.policies.cartpole_bc.prepare --out DIR"
+
+
+def _dataset_root(path: Path) -> Path:
+    if not (path / "meta" / "info.json").is_file():
+        what = "not found" if not path.exists() else "has no meta/info.json"
+        raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
+                         f"`{PREPARE_COMMAND}`)")
+    return path
+
+
+DatasetRoot = Annotated[Path, Strict(False), AfterValidator(_dataset_root)]
+
+
+class ModelSection(Section):
+    channels: PositiveInt = 32
+    """Channels of the image encoder's convolutions."""
+    hidden: PositiveInt = 256
+
+
+class DataSection(Section):
+    root: DatasetRoot
+    """The LeRobot v3.0 dataset written by the prepare command."""
+    val_episodes: PositiveInt = 10
+    """The last N episodes are held out (their action error is validated)."""
+    frames: PositiveInt = 2
+    """Camera frames per example, the last one current (two show the motion)."""
+    chunk: PositiveInt = 8
+    """Actions predicted per example: the current one and the next chunk-1."""
+    tolerance_s: float = Field(default=1e-4, gt=0)
+    """How far a video frame's timestamp may lie from the one asked for, seconds."""
+
+
+class ValidationSection(Section):
+    episodes: PositiveInt = 16
+    """Closed-loop episodes in the simulator."""
+    steps: PositiveInt = 180
+    """Control steps per episode (30 per second)."""
+    seed: int = 1000
+    """Seed of their initial states (the demonstrations use others)."""
+    execute: PositiveInt = 1
+    """Forces of each predicted chunk applied before the policy looks again."""
+    max_examples: PositiveInt = 512
+    """Held-out frames whose action error is measured (evenly spaced)."""
+
+
+class BcConfig(BaseModel):
+    """Recipe-owned sections of the cart-pole behaviour-cloning recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    validation: ValidationSection = Field(default_factory=ValidationSection)
