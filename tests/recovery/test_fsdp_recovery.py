@@ -142,19 +142,17 @@ def test_missing_and_damaged_shards_are_refused_by_name(reference: Path, tmp_pat
     assert contents(run) == before  # refused before run.json or any file was touched
 
 
-def test_another_strategy_or_world_size_is_refused_by_name(reference: Path,
-                                                           tmp_path: Path) -> None:
-    """Catches: a sharded checkpoint resumed under ddp (or a ddp one under fsdp), or at
-    another world size."""
+def test_another_strategy_and_world_size_are_refused_by_name(reference: Path,
+                                                             tmp_path: Path) -> None:
+    """The 2-worker fsdp checkpoint resumed in one process under ddp: both differences are
+    named, nothing is created. Catches: a sharded checkpoint restored under ddp (its model
+    entry is a shard table, not weights), or at another world size."""
     recipe = write_recipe(tmp_path / "ddp.yaml", tmp_path / "fresh",
                           **{**RUN, "trainer.strategy": "ddp"})
-    out = refused(run_torchrun("train-sl", "--config", str(recipe), "--resume",
-                               str(reference / "last.pt"), "--no-progress", timeout=GUARD))
-    assert "trainer.strategy: checkpoint 'fsdp', this run 'ddp'" in out, out
-    recipe = write_recipe(tmp_path / "one.yaml", tmp_path / "fresh_one", **RUN)
     proc = run_cli("train-sl", "--config", str(recipe), "--resume", str(reference / "last.pt"),
                    "--no-progress")
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "trainer.strategy: checkpoint 'fsdp', this run 'ddp'" in proc.stderr, proc.stderr
     assert "world_size: checkpoint 2, this run 1" in proc.stderr, proc.stderr
     assert not (tmp_path / "fresh").exists() or not list((tmp_path / "fresh").glob("*.pt"))
 
