@@ -157,6 +157,7 @@ def test_another_strategy_and_world_size_are_refused_by_name(reference: Path,
     assert not (tmp_path / "fresh").exists() or not list((tmp_path / "fresh").glob("*.pt"))
 
 
+@pytest.mark.slow
 def test_a_shard_write_failing_on_rank_one_stops_every_rank(tmp_path: Path) -> None:
     """tests/factories/sharded_blocks.py:failing_shard_on_rank_one fills rank 1's disk from
     update 6: its background write of update 8's shard fails. Catches: a failure that only

@@ -87,6 +87,7 @@ def test_builtin_recipe_fsdp_equals_ddp(builtin: tuple[Path, Path]) -> None:
                  consolidated(fsdp))
 
 
+@pytest.mark.slow
 def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
         everything: tuple[Path, Path]) -> None:
     """Catches: accumulation that reduces every micro-batch, weights not summed over
