@@ -149,3 +149,22 @@ def test_export_of_sharded_ema_weights(everything: tuple[Path, Path], tmp_path: 
     assert exported.keys() == ema.keys()
     assert all(torch.equal(exported[k], ema[k]) for k in ema)
     assert not all(torch.equal(exported[k], consolidated(fsdp)[k]) for k in ema)
+
+
+def test_one_process_fsdp_trains_like_ddp(tmp_path: Path) -> None:
+    """Without torchrun, fsdp shards over a one-rank group of its own (same model as ddp: one
+    rank, no reduction). Catches: a single
+    process refused or crashing for want of a process group, or the group left behind (the
+    run would not exit cleanly)."""
+    short = {"trainer.max_updates": 20, "trainer.save_every": 10, "trainer.validate_every": 10}
+    runs = {}
+    for strategy in ("ddp", "fsdp"):
+        recipe = write_recipe(tmp_path / f"{strategy}.yaml", tmp_path / strategy,
+                              **short, **{"trainer.strategy": strategy})
+        proc = run_cli("train-sl", "--config", str(recipe), "--no-progress")
+        assert proc.returncode == 0, proc.stderr
+        runs[strategy] = tmp_path / strategy
+    data = read_checkpoint(runs["fsdp"] / "last.pt")
+    assert sorted(shard_table(data)) == [0]
+    assert_close(read_checkpoint(runs["ddp"] / "last.pt")["payload"]["learner"]["model"],
+                 read_shard(runs["fsdp"], data, 0)["payload"]["model"])
