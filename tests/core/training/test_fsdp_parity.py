@@ -152,10 +152,9 @@ def test_export_of_sharded_ema_weights(everything: tuple[Path, Path], tmp_path: 
 
 
 def test_one_process_fsdp_trains_like_ddp(tmp_path: Path) -> None:
-    """Without torchrun, fsdp shards over a one-rank group of its own (same model as ddp: one
-    rank, no reduction). Catches: a single
-    process refused or crashing for want of a process group, or the group left behind (the
-    run would not exit cleanly)."""
+    """Without torchrun, fsdp shards over a one-rank group of its own (the same model as ddp:
+    one rank, nothing reduced). Catches: a single process refused or crashing for want of a
+    process group, or the group left behind (the run would not exit cleanly)."""
     short = {"trainer.max_updates": 20, "trainer.save_every": 10, "trainer.validate_every": 10}
     runs = {}
     for strategy in ("ddp", "fsdp"):
