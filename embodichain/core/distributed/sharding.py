@@ -111,6 +111,14 @@ def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
         model.set_is_last_backward(enabled)
 
 
+def reshard(model: nn.Module) -> None:
+    """Free every gathered parameter of `model`: the next forward gathers the shards again
+    (after the shards were changed in place, e.g. the EMA's weights swapped in)."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (a view of its storage); a plain tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodichain.core.distributed.sharding import local
+from embodichain.core.distributed.sharding import local, reshard
 
 
 class ShardedEma:
@@ -56,12 +56,16 @@ class ShardedEma:
         pairs = [(self._sources[n], self._averaged[n]) for n in self._averaged]
         pairs += [(self._source_buffers[n].data, self._buffers[n]) for n in self._buffers]
         kept = [live.clone() for live, _ in pairs]
+        # A module kept gathered after its forward (the root, reshard_after_forward: false)
+        # would compute with the gathered copy, not the shards: free it on both sides.
+        reshard(self._model)
         with torch.no_grad():
             for live, averaged in pairs:
                 live.copy_(averaged)
         try:
             yield
         finally:
+            reshard(self._model)
             with torch.no_grad():
                 for (live, _), original in zip(pairs, kept, strict=True):
                     live.copy_(original)

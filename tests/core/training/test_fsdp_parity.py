@@ -92,8 +92,8 @@ def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
         everything: tuple[Path, Path]) -> None:
     """Catches: accumulation that reduces every micro-batch, weights not summed over
     micro-batches and ranks (uneven masks, zero-weight batches), parameter groups lost when
-    the parameters become shards (the first layer's lr_scale), EMA not on the shards, or a
-    clipping norm taken over one rank's shard only."""
+    the parameters become shards (the first layer's lr_scale), EMA not on the shards or not
+    swapped in to validate it, or a clipping norm taken over one rank's shard only."""
     ddp, fsdp = everything
     learner = read_checkpoint(ddp / "last.pt")["payload"]["learner"]
     assert_close(learner["model"], consolidated(fsdp))
@@ -108,6 +108,15 @@ def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
     first = [read_shard(fsdp, data, r)["payload"]["model"]["0.weight"].shape[0]
              for r in range(2)]
     assert first == [5, 4]
+    # validation of the model and of the EMA (swapped into the shards) on every rank
+    from state_compare import comparable_records
+
+    ddp_val, fsdp_val = ([r for r in comparable_records(run) if "validation_ema/mse" in r]
+                         for run in everything)
+    assert len(ddp_val) == len(fsdp_val) == 2
+    for a, b in zip(ddp_val, fsdp_val, strict=True):
+        for key in ("validation/mse", "validation_ema/mse"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), key
 
 
 def test_fsdp_metrics_match_ddp(builtin: tuple[Path, Path]) -> None:
