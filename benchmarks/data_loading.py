@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -26,18 +25,9 @@ import time
 from pathlib import Path
 
 import yaml
+from common import BENCH, REPO, bench_env, child_pids, seconds_per_update
 
-REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO / "benchmarks"
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(BENCH)}
-
-
-def seconds_per_update(metrics: Path) -> float:
-    points = [(r["step"], r["time/elapsed_s"]) for r in map(json.loads, metrics.open())
-              if "time/elapsed_s" in r]
-    rates = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(points, points[1:],
-                                                                  strict=False)]
-    return statistics.median(rates)
+ENV = bench_env(BENCH)  # data_bound: the factory
 
 
 def recipe(work: Path, updates: int, workers: int, count: int) -> Path:
@@ -99,19 +89,6 @@ def memory_kib(pid: int) -> dict[str, int]:
     return {"pss": fields["Pss"], "private": fields["Private_Clean"] + fields["Private_Dirty"]}
 
 
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
-
-
 def measure_pss(count: int) -> dict[str, float]:
     """PSS of a trainer with 2 data workers, after 30 updates, against the dataset's size."""
     with tempfile.TemporaryDirectory() as work:
@@ -127,7 +104,7 @@ def measure_pss(count: int) -> dict[str, float]:
                 if proc.poll() is not None:
                     sys.exit(f"the run ended ({proc.returncode}) before it was measured")
                 time.sleep(0.5)
-            procs = [proc.pid, *children(proc.pid)]
+            procs = [proc.pid, *child_pids(proc.pid)]
             memory = [memory_kib(p) for p in procs]
         finally:
             proc.send_signal(signal.SIGTERM)

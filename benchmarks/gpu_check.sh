@@ -35,9 +35,9 @@ trun() { local n=$1; shift; "$PY" -m torch.distributed.run --standalone --nnodes
   --nproc-per-node="$n" -m embodichain train-sl --no-progress "$@"; }
 same_state() { "$PY" - "$1" "$2" <<'PY'
 import sys
-sys.path.insert(0, "tests")
 from pathlib import Path
-from state_compare import assert_training_state_equal
+
+from tests.support.state_compare import assert_training_state_equal  # cwd: the repository
 assert assert_training_state_equal(Path(sys.argv[1]), Path(sys.argv[2])) > 0
 PY
 }

@@ -19,8 +19,6 @@ before it.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,17 +27,14 @@ import time
 from pathlib import Path
 
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
+from common import CPU_RECIPE, REPO, bench_env, seconds_per_update
+from common import torchrun as torchrun_command
 
 
 def torchrun(*args: str, pythonpath: Path | None = None) -> float:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if pythonpath is not None:  # import embodichain from another tree (the baseline)
-        env["PYTHONPATH"] = str(pythonpath)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           "--nproc-per-node=2", *args]
+    # pythonpath: import embodichain from another tree (the baseline)
+    env = bench_env(pythonpath) if pythonpath is not None else bench_env()
+    cmd = torchrun_command(*args)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
@@ -49,17 +44,8 @@ def torchrun(*args: str, pythonpath: Path | None = None) -> float:
     return elapsed
 
 
-def seconds_per_update(metrics: Path) -> float:
-    """Median wall time per update over the logged 10-update windows."""
-    points = [(r["step"], r["time/elapsed_s"]) for r in map(json.loads, metrics.open())
-              if "time/elapsed_s" in r]
-    rates = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(points, points[1:],
-                                                                  strict=False)]
-    return statistics.median(rates)
-
-
 def framework_run(work: Path, updates: int, tree: Path | None = None) -> tuple[float, float]:
-    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe = yaml.safe_load(CPU_RECIPE.read_text())
     recipe["trainer"].update(max_updates=updates, output_dir=str(work / "run"))
     (work / "r.yaml").write_text(yaml.safe_dump(recipe))
     wall = torchrun("-m", "embodichain", "train-sl", "--config", str(work / "r.yaml"),

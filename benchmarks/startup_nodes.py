@@ -7,7 +7,6 @@ its own working directory) and the self-launch (`--nproc-per-node 2`), interleav
 
 from __future__ import annotations
 
-import os
 import socket
 import statistics
 import subprocess
@@ -17,12 +16,12 @@ import time
 from pathlib import Path
 
 import yaml
+from common import CPU_RECIPE, bench_env
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = yaml.safe_load((REPO / "examples/learning/sl_ddp/cpu.yaml").read_text())
+RECIPE = yaml.safe_load(CPU_RECIPE.read_text())
 RECIPE["trainer"].update(max_updates=10, save_every=10, validate_every=10, log_every=10,
                          output_dir="outputs/run")
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = bench_env()
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TRAIN = ["-m", "embodichain", "train-sl", "--config", "r.yaml", "--no-progress"]
 

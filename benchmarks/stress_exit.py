@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
 import shutil
 import signal
@@ -33,29 +32,23 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
-FACTORIES = REPO / "tests" / "factories"
+from common import CPU_RECIPE, REPO, TEST_FACTORIES, bench_env, torchrun
+
 ABORT = re.compile(r"terminate called|SIGABRT|Signal 6|SIGSEGV|Signal 11|core dumped|"
                    r"exitcode\s*:\s*-(6|11)\b")
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(FACTORIES),
-                                                       os.environ.get("PYTHONPATH")]))}
-    env.update(extra)
-    return env
+    return bench_env(TEST_FACTORIES, PYTHONUNBUFFERED="1", **extra)
 
 
 def _torchrun(*args: str, restarts: int = 0) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            "--nproc-per-node=2", f"--max-restarts={restarts}", "--monitor-interval=0.2",
-            "-m", "embodichain", *args]
+    return torchrun(f"--max-restarts={restarts}", "--monitor-interval=0.2", "-m",
+                    "embodichain", *args)
 
 
 def _train(out: Path, updates: int, *extra: str) -> list[str]:
-    return ["train-sl", "--config", str(RECIPE), "--set", f"trainer.output_dir={out}",
+    return ["train-sl", "--config", str(CPU_RECIPE), "--set", f"trainer.output_dir={out}",
             "--set", f"trainer.max_updates={updates}", "--set", "trainer.save_every=10",
             "--set", "trainer.validate_every=10", "--set", "trainer.log_every=5",
             "--no-progress", *extra]

@@ -67,14 +67,23 @@ def main() -> None:
     """Console-script entry point.
 
     Output still buffered when the command returns is flushed here, so that a reader that
-    went away (`embodichain runs --json | head`) ends the command quietly (exit 1, as rich
-    and click end it) instead of with "Exception ignored ... BrokenPipeError". SIGPIPE itself
-    stays ignored: a training run must never die because its stdout was closed.
+    went away (`embodichain runs --json | head`) ends the command quietly (exit 0, see
+    BROKEN_PIPE) instead of with "Exception ignored ... BrokenPipeError"; rich's tables end
+    the same way. SIGPIPE itself stays ignored: a training run must never die because its
+    stdout was closed.
     """
     import sys
 
+    from rich.console import Console
+
     from embodichain.cli.common import BROKEN_PIPE, quiet_stdout
     from embodichain.core.distributed import launcher_watch
+
+    def reader_gone(console: Console) -> None:  # rich's own choice is exit 1
+        quiet_stdout()
+        raise SystemExit(BROKEN_PIPE)
+
+    Console.on_broken_pipe = reader_gone  # type: ignore[method-assign]
 
     launcher_watch.watch_launcher()  # a worker stops with a snapshot if its launcher dies
     try:

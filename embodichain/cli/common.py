@@ -26,6 +26,17 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def print_warnings(warnings: list[str] | tuple[str, ...]) -> None:
+    """`warning: ...` on stderr, once per run: by rank 0, and not again by the workers a
+    self-launching command started (it printed them before starting them)."""
+    from embodichain.core.runs.commands import SELF_LAUNCHED
+
+    if env_rank() != 0 or os.environ.get(SELF_LAUNCHED):
+        return
+    for warning in warnings:
+        error_console().print(Text.assemble(("warning: ", "bold yellow"), warning))
+
+
 def error_console() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -77,9 +88,10 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-# The exit code when stdout's reader went away: 1, silently, as rich (tables) and click
-# (echo) already end such a command, so every command ends the same way.
-BROKEN_PIPE = 1
+# The exit code when stdout's reader went away (`runs --json | head -1`): 0, silently. Output
+# that fits in the pipe's buffer is written before the reader goes, and ends with 0 anyway:
+# any other code would depend on how fast `head` exits, not on what the command did.
+BROKEN_PIPE = 0
 
 
 def quiet_stdout() -> None:

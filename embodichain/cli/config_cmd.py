@@ -7,16 +7,24 @@ from typing import Annotated
 
 import typer
 
+from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, SET_HELP, reported_errors
 
 
 def validate_config(
-    config: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
-    overrides: Annotated[list[str] | None, typer.Option("--set", help=SET_HELP,
-                                                        metavar="KEY=VALUE")] = None,
+    config: Annotated[Path, typer.Argument(help="Recipe YAML file.",
+                                           autocompletion=completion.recipe_files)],
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", help=SET_HELP, metavar="KEY=VALUE",
+        autocompletion=completion.set_keys)] = None,
+    build: Annotated[bool, typer.Option(
+        "--build", help="Also build the factory's trainer in this process (imports torch and "
+        "the factory; trains and writes nothing), to check what only the factory decides: "
+        "its parameter groups, its data source, an evaluate for trainer.save_best.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """Validate a recipe: framework and factory schema, factory, data paths. Exit 0 or 2."""
+    """Validate a recipe: framework and factory schema, factory, data paths, and the sizes
+    this machine can serve. Exit 0 or 2."""
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
         from embodichain.core.recipe.loading import load_recipe
@@ -24,12 +32,30 @@ def validate_config(
 
         # The factory stays unimported when its distribution registers a torch-free schema.
         recipe = load_recipe(config, overrides or [], import_factory=False)
+        warnings = check_on_this_machine(recipe)
+        if build:
+            from embodichain.core.launch.train import check_by_building
+
+            check_by_building(recipe)
         print_recipe(recipe.resolved)
-        typer.echo(f"{config}: valid (factory {recipe.config.factory})", err=True)
+        checked = "" if build else "; the trainer itself was not built: --build checks it too"
+        typer.echo(f"{config}: valid (factory {recipe.config.factory}{checked})", err=True)
         # A warning, not an error: the recipe is valid; the directory may change before use.
         problem = output_dir_problem(Path(recipe.config.trainer.output_dir))
         if problem is not None:
             typer.echo(f"warning: {problem}", err=True)
+        for warning in warnings:
+            typer.echo(f"warning: {warning}", err=True)
+
+
+def check_on_this_machine(recipe) -> list[str]:
+    """What train-sl refuses before starting (exit 2) and warns about, on this machine with
+    one rank; the trainer-built checks follow with --build."""
+    from embodichain.core.observe.loggers import check_loggers
+    from embodichain.core.recipe.machine_limits import refuse_or_warn
+
+    check_loggers(recipe.config.trainer.loggers)
+    return [*recipe.warnings, *refuse_or_warn(recipe.config, recipe.source)]
 
 
 def register(app: typer.Typer) -> None:

@@ -8,14 +8,17 @@ from typing import Annotated
 
 import typer
 
+from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, reported_errors
 
 
 def init_recipe(
     name: Annotated[str, typer.Argument(help="Packaged recipe, e.g. sl_ddp or nerd "
-                                        "(list-factories shows which exist).")],
+                                        "(list-factories shows which exist).",
+                                        autocompletion=completion.recipe_names)],
     destination: Annotated[Path, typer.Argument(help="YAML file to write; never overwritten.",
-                                                dir_okay=False)],
+                                                dir_okay=False,
+                                                autocompletion=completion.recipe_files)],
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Write an editable copy of a packaged example recipe, with comments."""

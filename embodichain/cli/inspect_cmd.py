@@ -189,6 +189,10 @@ def _optimizer_table(o: dict[str, Any]) -> Any:
     for i, group in enumerate(o["hyper_parameters"]):
         prefix = f"group {i}: " if len(o["hyper_parameters"]) > 1 else ""
         for key, value in group.items():
+            if key == "parameter_tensors":  # the line above says it for a single group
+                if prefix:
+                    t.add_row(f"{prefix}parameter tensors", _text(value))
+                continue
             t.add_row(f"{prefix}{key}", _text(value))
     t.add_row("state", f"{o['state_tensors']} tensors, {_bytes(o['state_bytes'])}")
     if o["scheduler"]:

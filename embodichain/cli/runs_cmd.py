@@ -16,14 +16,16 @@ def runs(
                                          file_okay=False)] = Path("outputs"),
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document for scripts.")]
     = False,
+    json_lines: Annotated[bool, typer.Option(
+        "--json-lines", help="One JSON object per run and line, for pipes (`| head -1`, "
+        "`| jq -c`).")] = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """List runs: id, factory, world size, state, newest snapshot, each run's best metric."""
     with reported_errors(debug):
-        from rich.console import Console
         from rich.markup import escape
 
-        from embodichain.cli.tables import print_rows
+        from embodichain.cli.tables import output_console, print_rows
         from embodichain.core.errors import UsageError
         from embodichain.core.runs.table import describe_run, find_runs
 
@@ -34,20 +36,24 @@ def runs(
         if as_json:
             print(json.dumps([row.as_json() for row in rows], indent=2))
             return
-        console = Console()
-        if not console.is_terminal:  # piped: whole lines, for grep and scripts
-            console = Console(width=10_000)
+        if json_lines:
+            for row in rows:
+                print(json.dumps(row.as_json()), flush=True)
+            return
+        console = output_console()  # piped: whole lines unless COLUMNS
         if not rows:
             console.print(f"No runs below {escape(str(root))} (no run.json found).")
             return
         headers = ("directory", "run id", "factory", "world", "state", "snapshot",
-                   "metric (last)", "modified")
+                   "best metric", "modified")
         cells = []
         for row in rows:
             color = {"running": "cyan", "finished": "green",
                      "stopped_early": "green"}.get(row.state, "yellow")
-            last = f"{row.metric_last:.4g}" if row.metric_last is not None else "-"
-            metric = f"{row.metric} {last}"  # each run its own metric (R-MET-1)
+            # each run its own metric (R-MET-1), its best value as the summary shows it
+            metric = (f"{row.metric} {row.metric_best:.4g} (best, update "
+                      f"{row.metric_best_step})" if row.metric_best is not None
+                      else f"{row.metric} -")
             cells.append([escape(row.directory), escape((row.run_id or "-")[:12]),
                           escape(row.factory or "-"), str(row.world_size or "-"),
                           f"[{color}]{escape(row.state_text)}[/]",

@@ -4,12 +4,22 @@ line of its own), never a word folded mid-way."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+
+def output_console() -> Console:
+    """stdout's console: a terminal's width; piped, whole lines for grep and scripts unless
+    `COLUMNS` says how wide (rich reads it), so that `COLUMNS=80 cmd | less` fits."""
+    console = Console()
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").strip().isdigit():
+        console = Console(width=10_000)
+    return console
 
 
 def print_rows(console: Console, title: str, headers: Sequence[str],

@@ -8,11 +8,20 @@ from typing import Annotated
 
 import typer
 
-from embodichain.cli.common import DEBUG_HELP, SET_HELP, env_rank, reported_errors
+from embodichain.cli import completion
+from embodichain.cli.common import (
+    DEBUG_HELP,
+    SET_HELP,
+    env_rank,
+    print_warnings,
+    reported_errors,
+)
 
 # No `dir_okay=False`: a directory gets the one-line `error: …` of every bad recipe path.
-ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP, metavar="KEY=VALUE")]
+ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.",
+                                         autocompletion=completion.recipe_files)]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP, metavar="KEY=VALUE",
+                                                  autocompletion=completion.set_keys)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)]
 NoProgressOpt = Annotated[bool, typer.Option("--no-progress",
                                              help="No progress bar or periodic log lines.")]
@@ -30,7 +39,7 @@ MaxRestartsOpt = Annotated[int, typer.Option(
 def train_sl(
     config: ConfigOpt,
     resume: Annotated[str | None, typer.Option(
-        "--resume", metavar="CKPT|RUN_DIR|auto",
+        "--resume", metavar="CKPT|RUN_DIR|auto", autocompletion=completion.any_path,
         help="Continue from a checkpoint (a run directory means its newest snapshot), into "
         "output_dir: a fresh one, or the checkpoint's own run directory. 'auto': start "
         "fresh when output_dir holds no run, else continue it (for --max-restarts and "
@@ -46,11 +55,14 @@ def train_sl(
     """Train a recipe: one process, or every worker under torchrun."""
     with reported_errors(debug):
         from embodichain.core.errors import UsageError
+        from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import worker_command
-        from embodichain.core.recipe.loading import load_recipe
-        from embodichain.core.runs.resume_policy import Start
 
-        recipe = load_recipe(config, overrides or [])
+        # The public API's path (R-API-1): what this machine cannot serve is refused before
+        # any worker starts (exit 2); warnings are shown once.
+        recipe = api.load_recipe(config, overrides or [],
+                                 local_ranks=local_ranks(nproc_per_node), warn=False)
+        print_warnings(recipe.warnings)
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
@@ -60,11 +72,19 @@ def train_sl(
             "train-sl", [("--config", config), ("--resume", resume), ("--set", overrides or []),
                          ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
-        start = (Start() if resume is None else
-                 Start("auto") if resume == "auto" else Start("checkpoint", Path(resume)))
-        from embodichain.core.launch.train import train
+        api.train(recipe, resume=resume, show_progress=not no_progress)
 
-        train(recipe, start=start, show_progress=not no_progress)
+
+def local_ranks(nproc_per_node: int | None) -> int:
+    """The training processes this node will run: --nproc-per-node when self-launching,
+    else torchrun's LOCAL_WORLD_SIZE (1 alone)."""
+    import os
+
+    from embodichain.core.launch.self_launch import should_launch
+
+    if should_launch(nproc_per_node) and nproc_per_node:
+        return nproc_per_node
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
@@ -83,7 +103,8 @@ def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
 
 
 def resume_run(
-    run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.")],
+    run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.",
+                                            autocompletion=completion.run_directories)],
     overrides: SetOpt = None,
     nproc_per_node: NprocOpt = None,
     max_restarts: MaxRestartsOpt = 0,
@@ -97,9 +118,9 @@ def resume_run(
     """
     with reported_errors(debug):
         from embodichain.core.distributed import process_group
+        from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import should_launch, worker_command
         from embodichain.core.launch.train import train
-        from embodichain.core.recipe.loading import validate_recipe
         from embodichain.core.runs.resume_policy import Start
         from embodichain.core.runs.run_lock import refuse_if_locked
         from embodichain.core.runs.snapshots import stored_recipe
@@ -121,7 +142,9 @@ def resume_run(
         # Rank 0 reads the run directory and tells the others its recipe (R-DIST-6).
         raw, source = process_group.from_rank_zero_before_group("resume/recipe", read)
         raw["trainer"]["output_dir"] = str(run_dir)  # wherever the directory lives now
-        recipe = validate_recipe(raw, source=source, overrides=overrides or [])
+        recipe = api.load_recipe(raw, overrides or [], source=source, warn=False,
+                                 local_ranks=local_ranks(nproc_per_node))
+        print_warnings(recipe.warnings)
         train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),
               show_progress=not no_progress)
 

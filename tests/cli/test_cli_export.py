@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_support import invoke
-from conftest import assert_ok, run_cli, write_recipe
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
 from embodichain.plugins.sl_ddp import make_model
+from tests.support import assert_ok, run_cli, write_recipe
+from tests.support.cli import invoke
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli_support import FAKE_DIST, FAKE_FACTORY, make_plugins, with_pythonpath
-from conftest import REPO, run_cli, worker_env
+from tests.support import REPO, run_cli, worker_env
+from tests.support.cli import FAKE_DIST, FAKE_FACTORY, make_plugins, with_pythonpath
 
 
 def test_list_factories_shows_a_broken_plugin_without_failing(tmp_path: Path) -> None:

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import CPU_RECIPE, REPO, worker_env
 
 import embodichain
 from embodichain.cli import app
 from embodichain.cli.examples import EXAMPLES
+from tests.support import CPU_RECIPE, REPO, worker_env
+from tests.support.cli import invoke
 
 NERD_RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"
 COMMANDS = sorted(info.name for info in app.registered_commands)

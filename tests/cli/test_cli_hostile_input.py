@@ -7,8 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import CPU_RECIPE, run_cli, snapshot_dir, write_recipe
+
+from tests.support import CPU_RECIPE, run_cli, snapshot_dir, write_recipe
+from tests.support.cli import invoke
 
 GOOD = CPU_RECIPE.read_text()
 NERD = Path(__file__).resolve().parents[2] / "examples/learning/nerd/configs/cartpole/sl.train.yaml"

@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import yaml
-from cli_support import invoke
-from conftest import CPU_RECIPE, REPO, assert_ok, run_cli
 
 from embodichain.core.recipe.packaged import recipe_text, registered_recipes
+from tests.support import CPU_RECIPE, REPO, assert_ok, run_cli
+from tests.support.cli import invoke
 
 NERD_RECIPE = REPO / "examples" / "learning" / "nerd" / "configs" / "cartpole" / "sl.train.yaml"
 

@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import CPU_RECIPE, run_cli, worker_env, write_recipe
 
 from embodichain.core.checkpoint import disk_plan
 from embodichain.core.errors import RefusedError
 from embodichain.core.runs.run_dir import claim
 from embodichain.core.runs.run_lock import RunLock
+from tests.support import CPU_RECIPE, run_cli, worker_env, write_recipe
+from tests.support.cli import invoke
 
 
 def plan(**changes: object) -> str | None:

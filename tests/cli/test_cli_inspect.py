@@ -12,8 +12,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from cli_support import invoke
-from conftest import REPO, run_cli, worker_env, write_recipe
+
+from tests.support import REPO, worker_env, write_recipe
+from tests.support.cli import cli_in_process, invoke
 
 PARAMETERS = 4 * 32 + 32 + 32 * 2 + 2  # the 4 -> 32 -> 2 MLP of cpu.yaml
 
@@ -45,7 +46,7 @@ def test_tables_show_identity_model_optimizer_ranks_and_metrics(step_100: Path) 
 
 
 def test_json_is_one_plain_document(step_100: Path) -> None:
-    proc = run_cli("inspect-checkpoint", str(step_100), "--json", "--tensors")
+    proc = cli_in_process("inspect-checkpoint", str(step_100), "--json", "--tensors")
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[" not in proc.stdout  # no colour codes
     report = json.loads(proc.stdout)  # exactly one document, nothing else on stdout
@@ -80,7 +81,7 @@ def test_config_with_changed_lr_reports_the_difference(step_100: Path, tmp_path:
     assert re.search(r"resume from it\? no", result.stdout), result.stdout
     assert "optimizer.lr: checkpoint 0.001, this run 0.01" in result.stdout
 
-    proc = run_cli("inspect-checkpoint", str(step_100), "--json", "--config", str(changed))
+    proc = cli_in_process("inspect-checkpoint", str(step_100), "--json", "--config", str(changed))
     assert proc.returncode == 1, proc.stderr
     check = json.loads(proc.stdout)["resume"]
     assert check["compatible"] is False

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import invoke
-from conftest import CPU_RECIPE
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.loading import apply_overrides
 from embodichain.core.recipe.schema import FrameworkConfig
+from tests.support import CPU_RECIPE
+from tests.support.cli import invoke
 
 
 def print_config(*overrides: str) -> dict:

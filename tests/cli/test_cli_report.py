@@ -9,7 +9,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy
-from conftest import assert_ok, run_cli, worker_env
+
+from tests.support import assert_ok, run_cli, worker_env
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -6,14 +6,14 @@ import json
 import shutil
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, write_recipe
-
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import assert_ok, run_cli, write_recipe
+from tests.support.cli import cli_in_process
 
 
 def runs_json(root: Path) -> dict[str, dict]:
-    proc = run_cli("runs", str(root), "--json")
+    proc = cli_in_process("runs", str(root), "--json")
     assert_ok(proc)
     return {Path(row["directory"]).name: row for row in json.loads(proc.stdout)}
 
@@ -70,5 +70,5 @@ def test_a_run_cut_short_is_stopped_at_its_last_update(tmp_path: Path) -> None:
 
 
 def test_not_a_directory(tmp_path: Path) -> None:
-    proc = run_cli("runs", str(tmp_path / "nowhere"))
+    proc = cli_in_process("runs", str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import DATA_FACTORY, FAKE_FACTORY, invoke, make_plugins, with_pythonpath
-from conftest import CPU_RECIPE, run_cli, worker_env
+
+from tests.support import CPU_RECIPE, run_cli, worker_env
+from tests.support.cli import DATA_FACTORY, FAKE_FACTORY, invoke, make_plugins, with_pythonpath
 
 GOOD = CPU_RECIPE.read_text()
 

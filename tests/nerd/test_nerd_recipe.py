@@ -14,7 +14,8 @@ import torch
 import yaml
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
-from state_compare import assert_training_state_equal
+
+from tests.support.state_compare import assert_training_state_equal
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"
@@ -144,6 +145,7 @@ def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) -> None:
     """A 2-worker NeRD run resumed from its step-20 snapshot ends bitwise where it would have."""
     settings = {"trainer.batch_size": 32, "trainer.max_updates": 40, "trainer.save_every": 20,

@@ -18,13 +18,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TESTS, assert_ok, run_torchrun, write_recipe
-from recovery_helpers import assert_training_state_equal, factory_env, metrics
-from state_compare import comparable_records
-from test_recovery_save_failure import assert_only_torchruns_traceback
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.names import step_files
+from tests.support import REPO, SHORT_RECIPE, TESTS, assert_ok, run_torchrun, write_recipe
+from tests.support.recovery import (
+    assert_only_torchruns_traceback,
+    assert_training_state_equal,
+    factory_env,
+    metrics,
+)
+from tests.support.state_compare import comparable_records
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 GUARD = 240
 PACED = "restarting:build_supervised_trainer"  # EMBODICHAIN_TEST_SLEEP_S per update
@@ -55,19 +61,10 @@ def temps(directory: Path) -> list[str]:
 # -- SIGKILL of rank 0 inside a background write ----------------------------------------------
 
 K = 5
-SHORT = {"trainer.max_updates": 12, "trainer.save_every": 1, "trainer.log_every": 1,
-         "trainer.validate_every": 0}
+SHORT = SHORT_RECIPE
 
 
-@pytest.fixture(scope="module")
-def short_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("async_reference")
-    recipe = write_recipe(root / "r.yaml", root / "run", **SHORT)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD))
-    return root / "run"
-
-
-def test_sigkill_of_rank_zero_inside_a_background_write(short_reference: Path,
+def test_sigkill_of_rank_zero_inside_a_background_write(short_two_workers: Path,
                                                         tmp_path: Path) -> None:
     """Catches a background write that publishes a name before its file is complete, that
     lets last.pt run ahead of a durable step file, or a resume that trusts a torn save."""
@@ -95,8 +92,8 @@ def test_sigkill_of_rank_zero_inside_a_background_write(short_reference: Path,
 
     assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume", "auto",
                            "--no-progress", timeout=GUARD))
-    assert assert_training_state_equal(short_reference / "last.pt", run / "last.pt") >= 18
-    assert comparable_records(run) == comparable_records(short_reference)
+    assert assert_training_state_equal(short_two_workers / "last.pt", run / "last.pt") >= 18
+    assert comparable_records(run) == comparable_records(short_two_workers)
     assert not temps(run)
     print(f"SIGKILL inside the background write of update {K}: {lost} update(s) lost")
 

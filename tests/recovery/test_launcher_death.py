@@ -22,17 +22,25 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from conftest import REPO, assert_ok, child_pids, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
+from embodichain.core.runs.run_lock import lock_holder
+from tests.support import (
+    REPO,
+    assert_ok,
+    child_pids,
+    run_cli,
+    run_torchrun,
+    worker_env,
+    write_recipe,
+)
+from tests.support.state_compare import (
     assert_same_outcome,
     assert_training_state_equal,
     comparable_records,
     implied_events,
 )
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.runs.run_dir import read_metrics
-from embodichain.core.runs.run_lock import lock_holder
 
 FACTORIES = REPO / "tests" / "factories"
 MAX_UPDATES, BLOCK_AT = 120, 55

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, run_torchrun, snapshot_dir, write_recipe
-from recovery_helpers import (
+import pytest
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, run_cli, run_torchrun, snapshot_dir, write_recipe
+from tests.support.recovery import (
     assert_state_equal,
     assert_training_state_equal,
     factory_env,
@@ -17,9 +20,7 @@ from recovery_helpers import (
     run_json,
     without_time,
 )
-from state_compare import assert_same_outcome
-
-from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support.state_compare import assert_same_outcome
 
 GUARD = 240  # seconds: a deadlocked collective fails the test instead of hanging CI
 
@@ -41,6 +42,7 @@ def _check_resumed(run_a: Path, resumed: Path, world_size: int) -> None:
                                  "step": 100}
 
 
+@pytest.mark.slow
 def test_two_workers_resume_from_step_100_is_bitwise_exact(sl_ddp_two_workers: Path,
                                                            tmp_path: Path) -> None:
     """Catches any state restored inexactly (rank 0's streams on every rank, a lost
@@ -75,6 +77,7 @@ def test_one_process_resume_from_step_100_is_bitwise_exact(sl_ddp_one_process: P
     assert snapshot_dir(run_a) == before
 
 
+@pytest.mark.slow
 def test_save_from_validation_callback_completes_and_resumes_exactly(
         sl_ddp_two_workers: Path, tmp_path: Path) -> None:
     """R-VAL-2: rank 0 saves inside validation with no collective; the file is exact."""

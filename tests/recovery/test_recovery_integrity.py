@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
-from recovery_helpers import metrics, run_json
 
 from embodichain.core.checkpoint.file import payload_digest, read_checkpoint
 from embodichain.core.checkpoint.names import step_files
 from embodichain.core.errors import CheckpointCorruptError, UnsafeCheckpointError
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import assert_ok, run_cli, snapshot_dir, worker_env, write_recipe
+from tests.support.cli import cli_in_process
+from tests.support.recovery import metrics, run_json
 
 FORCE_UNSAFE = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
 
@@ -142,7 +143,7 @@ def test_damaged_files_on_the_command_line(sl_ddp_two_workers: Path, tmp_path: P
     flipped.write_bytes(damaged)
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "dest")
     for path in (truncated, flipped):
-        proc = run_cli("inspect-checkpoint", str(path))
+        proc = cli_in_process("inspect-checkpoint", str(path))
         assert proc.returncode == 2 and "corrupt" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     proc = run_cli("train-sl", "--config", str(recipe), "--resume", str(flipped), "--no-progress")

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import assert_ok, run_torchrun, write_recipe
-from recovery_factories import DRAWS_ENV
-from recovery_helpers import assert_training_state_equal, factory_env
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.recovery.recovery_factories import DRAWS_ENV
+from tests.support import assert_ok, run_torchrun, write_recipe
+from tests.support.recovery import assert_training_state_equal, factory_env
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 GUARD = 240
 FACTORY = "recovery_factories:per_rank_draws"

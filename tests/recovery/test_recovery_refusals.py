@@ -14,7 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.data.source import TensorSource
+from embodichain.plugins import sl_ddp
+from tests.support import (
     assert_ok,
     run_cli,
     run_torchrun,
@@ -22,11 +26,8 @@ from conftest import (
     workers_output,
     write_recipe,
 )
-from recovery_helpers import factory_env, metrics, rewrite_checkpoint, run_json
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.data.source import TensorSource
-from embodichain.plugins import sl_ddp
+from tests.support.cli import cli_in_process
+from tests.support.recovery import factory_env, metrics, rewrite_checkpoint, run_json
 
 GUARD = 240
 
@@ -224,6 +225,7 @@ def _no_identity_key(payload: dict) -> None:
     del payload["run"]["run_id"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strip", [_no_identity, _no_identity_key], ids=["null", "absent"])
 def test_checkpoint_without_identity_resumes_only_into_a_fresh_destination(
         sl_ddp_one_process: Path, tmp_path: Path, strip) -> None:
@@ -232,7 +234,7 @@ def test_checkpoint_without_identity_resumes_only_into_a_fresh_destination(
     assert read_checkpoint(anonymous)["manifest"]["run_id"] is None
     if strip is _no_identity_key:
         assert "run_id" not in read_checkpoint(anonymous)["payload"]["run"]
-        inspected = run_cli("inspect-checkpoint", str(anonymous))
+        inspected = cli_in_process("inspect-checkpoint", str(anonymous))
         assert_ok(inspected)
         assert "no run identity: resumable only into a fresh directory" in inspected.stdout
     unchanged = Unchanged(run)
@@ -300,6 +302,7 @@ CASES = ["world size", "recipe, source and training config", "max_updates lowere
          "in place, other run", "in place, history ahead", "in place, no identity"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_refusals_under_torchrun(sl_ddp_one_process: Path, sl_ddp_two_workers: Path,
                                  tmp_path: Path, case: str) -> None:

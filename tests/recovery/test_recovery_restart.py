@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.run_dir import read_metrics
+from tests.support import (
     REPO,
     RESTART_RECIPE,
     SCRIPTS,
@@ -29,10 +32,9 @@ from conftest import (
     worker_env,
     write_recipe,
 )
-from state_compare import assert_same_outcome, event_summary, implied_events
+from tests.support.state_compare import assert_same_outcome, event_summary, implied_events
 
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.runs.run_dir import read_metrics
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = RESTART_RECIPE

@@ -13,23 +13,19 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, run_torchrun, write_recipe
-from recovery_helpers import factory_env, metrics
+import pytest
 
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import REPO, run_torchrun, write_recipe
+from tests.support.recovery import assert_only_torchruns_traceback, factory_env, metrics
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 GUARD = 240  # a hang fails the test by timeout instead of blocking CI
 # "Promptly": from the failed save to the exit of every rank. torchrun's own teardown takes
 # a few seconds, even on a loaded machine; a rank left waiting for a collective's timeout
 # (gloo's default: 30 minutes), or a grace period before giving up, takes far longer.
 PROMPTLY = 60
-
-
-def assert_only_torchruns_traceback(out: str) -> None:
-    """Workers print one-line errors (SPEC §9); the only traceback is torchrun's own report."""
-    tracebacks = out.split("Traceback (most recent call last):")[1:]
-    assert len(tracebacks) == 1 and "ChildFailedError" in tracebacks[0], out
-    assert out.count("Traceback") == 1, out
 
 
 def test_failed_save_on_rank_zero_stops_every_rank(tmp_path: Path) -> None:

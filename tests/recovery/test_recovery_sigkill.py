@@ -12,19 +12,28 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from recovery_helpers import HERE, factory_env
-from state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.names import step_files
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import (
+    REPO,
+    SHORT_RECIPE,
+    assert_ok,
+    run_cli,
+    run_torchrun,
+    worker_env,
+    write_recipe,
+)
+from tests.support.recovery import RECOVERY, factory_env
+from tests.support.state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
 FRESH_KILLS, CHAIN_KILLS, SEED = 16, 8, 20240601
 
@@ -85,7 +94,7 @@ def test_sigkill_at_random_moments_leaves_everything_readable(tmp_path: Path) ->
                           **{"trainer.max_updates": 1_000_000, "trainer.save_every": 1,
                              "trainer.log_every": 1, "trainer.validate_every": 0})
     root = tmp_path / "kills"
-    proc = subprocess.run([sys.executable, str(HERE / "sigkill_driver.py"), str(recipe),
+    proc = subprocess.run([sys.executable, str(RECOVERY / "sigkill_driver.py"), str(recipe),
                            str(root), str(FRESH_KILLS), str(CHAIN_KILLS), str(SEED)],
                           cwd=REPO, env=worker_env(PYTHONPATH=str(REPO)), capture_output=True,
                           text=True, timeout=300)
@@ -135,8 +144,7 @@ def _last_step(directory: Path) -> int | None:
 # `embodichain resume` then finishes the run exactly as the uninterrupted one.
 
 K = 5  # the update whose save is interrupted
-SHORT = {"trainer.max_updates": 12, "trainer.save_every": 1, "trainer.log_every": 1,
-         "trainer.validate_every": 0}
+SHORT = SHORT_RECIPE
 GUARD = 240
 
 
@@ -202,6 +210,7 @@ WINDOWS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", list(WINDOWS))
 def test_sigkill_inside_a_save_window_leaves_a_resumable_run(
         short_reference: Path, tmp_path: Path, window: str) -> None:
@@ -251,9 +260,21 @@ ROLL_BACK_WINDOWS = {
 }
 
 
+@pytest.fixture(scope="module")
+def killed_after_k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SHORT in one process, SIGKILLed inside the save of update K + 1 (before its last.pt
+    rename): snapshot K, records past it. Each roll-back test resumes a copy (read-only)."""
+    root = tmp_path_factory.mktemp("killed_after_k")
+    recipe = write_recipe(root / "r.yaml", root / "run", **SHORT)
+    _killed(["train-sl", "--config", str(recipe), "--no-progress"],
+            {"at": "replace", "name": "last.pt", "nth": K + 1}, root / "mark1.json")
+    return root / "run"
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("window", list(ROLL_BACK_WINDOWS))
 def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished_once(
-        short_reference: Path, tmp_path: Path, window: str) -> None:
+        short_reference: Path, killed_after_k: Path, tmp_path: Path, window: str) -> None:
     """R-RESUME-6: a resume in place killed anywhere inside its roll-back leaves run.json
     whole and no side file that no event names, and the next resume finishes that roll-back
     once. Catches the records moved before the `rolled_back` event is recorded (a side file
@@ -261,9 +282,7 @@ def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished
     atomic, and a next resume that is not idempotent: one that rolls back again (a second
     event and side file), appends to the side file (twice the records) or loses records."""
     run = tmp_path / "run"
-    recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
-    _killed(["train-sl", "--config", str(recipe), "--no-progress"],
-            {"at": "replace", "name": "last.pt", "nth": K + 1}, tmp_path / "mark1.json")
+    shutil.copytree(killed_after_k, run)
     before = (run / "run.json").read_bytes()
     records = (run / "metrics.jsonl").read_bytes()
     expected = implied_events(run, K)  # one roll-back of the records past update K, one resume
@@ -287,12 +306,11 @@ def test_sigkill_inside_a_roll_back_leaves_every_side_file_named_and_is_finished
     _resume_to_the_end(run, short_reference, K, events=expected)
 
 
-def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_sigkill_of_one_torchrun_worker_leaves_a_resumable_run(short_two_workers: Path,
+                                                              tmp_path: Path) -> None:
     """Rank 1 dies while the ranks gather the state of update K for its save."""
-    reference = tmp_path / "reference"
-    recipe = write_recipe(tmp_path / "ref.yaml", reference, **SHORT)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=GUARD))
-
+    reference = short_two_workers  # SHORT by 2 workers, uninterrupted (conftest)
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **SHORT)
     proc, mark = _killed(["train-sl", "--config", str(recipe), "--no-progress"],

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_ok, run_torchrun, worker_env, write_recipe
-from recovery_helpers import assert_training_state_equal, metrics, without_time
+import pytest
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, run_torchrun, worker_env, write_recipe
+from tests.support.recovery import assert_training_state_equal, metrics, without_time
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 
 def _no_numpy_env(tmp_path: Path) -> dict[str, str]:

@@ -26,7 +26,8 @@ from torch import nn
 from embodichain.core.data.micro_batches import MicroBatches
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.recipe.schema import OptimizerConfig
-from embodichain.learning.sl import Learner, LossResult, distributed_run
+from embodichain.learning.sl import Learner, distributed_run
+from embodichain.plugins import sl_ddp
 
 K, B, UPDATES, LR = 3, 4, 5, 0.1
 ZERO_MICRO = (1, 1)  # (update, micro-batch) with zero weight on rank 0
@@ -42,13 +43,10 @@ def corpus() -> dict[str, torch.Tensor]:
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
-def masked_mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-    squared = (model(batch["x"]) - batch["y"]).square() * batch["mask"]
-    weight = batch["mask"].sum()
-    return LossResult(loss=squared.sum() / weight.clamp_min(1.0), weight=weight)
+masked_mse = sl_ddp.masked_mse  # and its objective
 
 
 def params(model: nn.Module) -> dict[str, torch.Tensor]:

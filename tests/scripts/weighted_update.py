@@ -1,4 +1,5 @@
-"""Weighted updates through the real Learner (R-DIST-3), written for tests/test_weighted_update.py.
+"""Weighted updates through the real Learner (R-DIST-3), for tests/core/training/
+test_weighted_update.py.
 
     torchrun --nproc-per-node=2 -m weighted_update OUT     # 2 gloo workers, DDP comm hook
     python -m weighted_update OUT                          # one process, the union batch
@@ -22,7 +23,8 @@ from torch import nn
 
 from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.training.learner import UpdateResult
-from embodichain.learning.sl import Learner, LossResult, distributed_run
+from embodichain.learning.sl import Learner, distributed_run
+from embodichain.plugins import sl_ddp
 
 ROWS = (range(0, 6), range(6, 12))
 # Supervised targets per row (2 targets per row). Rank 0 holds 10, rank 1 holds 4: unequal, so
@@ -42,14 +44,10 @@ def table() -> dict[str, torch.Tensor]:
 
 def make_model() -> nn.Module:
     torch.manual_seed(0)  # identical initial parameters on every rank and in every mode
-    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    return sl_ddp.make_model(hidden=8)  # the built-in recipe's model
 
 
-def masked_mse(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-    """The local masked mean over the supervised targets, weighted by their count."""
-    squared = (model(batch["x"]) - batch["y"]).square() * batch["mask"]
-    weight = batch["mask"].sum()
-    return LossResult(loss=squared.sum() / weight.clamp_min(1.0), weight=weight)
+masked_mse = sl_ddp.masked_mse  # and its objective
 
 
 def params(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,6 +7,7 @@ files: the run fills the disk long before it ends. Step files are kept unless
 
 from __future__ import annotations
 
+import errno
 import logging
 import shutil
 from pathlib import Path
@@ -82,3 +83,57 @@ def warn_about_checkpoint_plan(trainer: Any, optimizer: str, model: Any, step: i
         checkpoint_bytes=estimate_checkpoint_bytes(model_bytes, optimizer))
     if warning is not None:
         logging.getLogger("embodichain").warning("warning: %s", warning)
+
+
+class DiskFullError(OSError):
+    """A checkpoint that did not fit on its disk: how much it needed and how much was free.
+
+    torch reports a full disk in its own words (`[enforce fail at inline_container.cc]
+    unexpected pos ...`), with the `No space left on device` only in the exception's
+    context; this names it, with the numbers the start-up warning also uses.
+    """
+
+    def __init__(self, path: Path, needed: int | None, free: int | None) -> None:
+        parts = [f"the checkpoint needs {_size(needed)}" if needed is not None else None,
+                 f"{_size(free)} are free" if free is not None else None]
+        detail = ", ".join(p for p in parts if p)
+        super().__init__(errno.ENOSPC, f"the disk is full (No space left on device): {detail} "
+                         f"on the file system of {path.parent}" if detail
+                         else "the disk is full (No space left on device)", str(path))
+        self.needed, self.free = needed, free
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from or during, is a full disk (or quota)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _CountingSink:
+    """A write-only file that keeps only the number of bytes written to it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.count += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def serialized_bytes(save: Any, value: Any) -> int | None:
+    """The bytes `save(value, file)` writes (serialised again, into nothing)."""
+    sink = _CountingSink()
+    try:
+        save(value, sink)
+    except Exception:
+        return None
+    return sink.count

@@ -30,6 +30,12 @@ from typing import Any
 
 import torch
 
+from embodichain.core.checkpoint.disk_plan import (
+    DiskFullError,
+    disk_full,
+    free_bytes,
+    serialized_bytes,
+)
 from embodichain.core.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -119,13 +125,26 @@ def write_checkpoint(checkpoint: Mapping[str, Any], path: Path, *, also_as: Path
     Temp names never end in `.pt`, so `*.pt` only ever matches complete checkpoints. The
     extra name is published before the step file, so `last.pt` exists as soon as any
     `step_N.pt` does. On failure the original error propagates and only this call's own
-    temp files are removed.
+    temp files are removed; a full disk raises DiskFullError (bytes needed and free).
     """
     directory = path.parent
     unique = f"{os.getpid()}.{secrets.token_hex(4)}"
     tmp = directory / f".{path.name}.{unique}.tmp"
     alias_tmp = directory / f".{also_as.name}.{unique}.tmp" if also_as else None
     created: list[Path] = []
+    try:
+        _write_and_publish(checkpoint, path, tmp, also_as, alias_tmp, created)
+    except Exception as exc:  # the temp files are gone: their space counts as free
+        if disk_full(exc):
+            raise DiskFullError(path, serialized_bytes(torch.save, dict(checkpoint)),
+                                free_bytes(directory)) from exc
+        raise
+
+
+def _write_and_publish(checkpoint: Mapping[str, Any], path: Path, tmp: Path,
+                       also_as: Path | None, alias_tmp: Path | None, created: list[Path]
+                       ) -> None:
+    directory = path.parent
     try:
         with open(tmp, "wb") as f:
             created.append(tmp)

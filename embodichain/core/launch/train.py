@@ -63,33 +63,74 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
           ) -> dict[str, float]:
     """Build the recipe's trainer on every rank, prepare the run directory and fit.
 
-    `start` says how the run begins (fresh by default; see resume_policy.Start).
+    `start` says how the run begins (fresh by default; see resume_policy.Start). This is
+    the programmatic path (`build_trainer` inside `distributed_run`, then `fit()`) with the
+    stop signals installed before the process group exists, so that a signal during
+    set-up stops at the first update.
     """
-    start = start or Start()
-    config = recipe.config
     configure_logging(process_group.env_rank())
-    check_loggers(config.trainer.loggers)  # a missing extra is refused before anything starts
-    lock = RunLock(Path(config.trainer.output_dir))
-    # Installed before the group exists: a signal during set-up stops at the first update.
-    with StopRequest() as stop, process_group.distributed_run(config.device) as device:
-        _seed_everything(config.seed)
-        trainer = recipe.factory(config, device)
-        if not isinstance(trainer, SupervisedTrainer):
-            raise UsageError(f"factory {config.factory} returned {type(trainer).__name__}, "
-                             "not a SupervisedTrainer")
-        try:
-            # Ranks share the model init above; from here on each has its own streams.
+    check_loggers(recipe.config.trainer.loggers)  # a missing extra: refused before anything
+    with StopRequest() as stop, process_group.distributed_run(recipe.config.device) as device:
+        trainer = build_trainer(recipe, device, start=start)
+        return trainer.fit(show_progress=show_progress, stop=stop)
+
+
+def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None = None
+                  ) -> SupervisedTrainer:
+    """The recipe's trainer from its factory, with the model initialised from the seed
+    (on every rank alike); inside `distributed_run`, on every rank.
+
+    Its `fit()` then runs as `train-sl` does (R-API-1): the run directory claimed, locked
+    and resumed by `start`'s rules (fresh by default), stop signals honoured with a
+    snapshot, the summary printed, and the trainer closed at the end.
+    """
+    _seed_everything(recipe.config.seed)
+    trainer = recipe.factory(recipe.config, device)
+    if not isinstance(trainer, SupervisedTrainer):
+        raise UsageError(f"factory {recipe.config.factory} returned {type(trainer).__name__}, "
+                         "not a SupervisedTrainer")
+    trainer.run_opener = RunOpener(recipe, start or Start(), device)
+    return trainer
+
+
+@dataclass
+class RunOpener:
+    """What a built trainer's first `fit()` runs: the run around the fit loop."""
+
+    recipe: Recipe
+    start: Start
+    device: torch.device
+
+    def __call__(self, trainer: SupervisedTrainer, show_progress: bool,
+                 stop: StopRequest | None) -> dict[str, float]:
+        config = self.recipe.config
+        if not log.handlers:  # a program that calls fit() itself: train-sl's logging
+            configure_logging(process_group.env_rank())
+        check_loggers(config.trainer.loggers)
+        lock = RunLock(Path(config.trainer.output_dir))
+        with contextlib.ExitStack() as scope:
+            if stop is None:  # a program's own fit(): signals stop it as they stop train-sl
+                stop = scope.enter_context(StopRequest())
+            scope.callback(lock.release)
+            scope.callback(trainer.close)
+            # Ranks share the model init; from here on each has its own streams.
             _seed_everything(stream_seed(config.seed, process_group.rank()) % (2**32))
-            outcome = _agree_on_start(recipe, trainer, start, lock)
+            outcome = _agree_on_start(self.recipe, trainer, self.start, lock)
             if outcome.complete is not None:
                 if process_group.is_rank_zero():
                     log.info("%s", outcome.complete)
                 return {}
-            _attach_run(trainer, recipe, outcome, device)
+            _attach_run(trainer, self.recipe, outcome, self.device)
             return _fit_and_summarize(trainer, stop, show_progress, outcome.claimed)
-        finally:
-            trainer.close()
-            lock.release()
+
+
+def check_by_building(recipe: Recipe) -> None:
+    """Build the recipe's trainer in this process and close it again, training nothing and
+    writing nothing: what only the factory decides (its parameter groups, its source, an
+    evaluate for trainer.save_best) is refused as train-sl would refuse it (UsageError)."""
+    configure_logging(0)  # the build's warnings, as train-sl shows them
+    with process_group.distributed_run(recipe.config.device) as device:
+        build_trainer(recipe, device).close()
 
 
 def _attach_run(trainer: SupervisedTrainer, recipe: Recipe, outcome: StartOutcome,

@@ -54,16 +54,17 @@ class RunFacts:
 
 def metric_figures(records: list[Mapping[str, Any]], best: Best = DEFAULT_BEST
                    ) -> list[Figure]:
-    """`train/loss` and every `validation/*` key: the final value and, for the run's best
-    metric (R-MET-1), the best in its direction (ties keep the earliest update). Nothing
-    says which way the other keys are better, so they get no "best"."""
+    """`train/loss` and every `validation/*` and `validation_ema/*` key (`ema.validate:
+    both`): the final value and, for the run's best metric (R-MET-1), the best in its
+    direction (ties keep the earliest update). Nothing says which way the other keys are
+    better, so they get no "best"."""
     figures: dict[str, Figure] = {}
     for record in records:
         step = record.get("step")
         if not isinstance(step, int):
             continue
         for key, value in record.items():
-            if not (key == "train/loss" or key.startswith("validation/")):
+            if not (key == "train/loss" or key.startswith(("validation/", "validation_ema/"))):
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue

@@ -21,11 +21,18 @@ from embodichain.core.recipe.schema import FrameworkConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
+MAX_DATA_WORKERS = 1024
 # Tighter upper limits: key -> (limit, why).
 UPPER_LIMITS: dict[str, tuple[int, str]] = {
     # One batch's indices and examples are single tensors, and many kernels index with 32 bits.
     "trainer.batch_size": (2**31 - 1, "a per-worker batch is one tensor"),
+    # Each is a process of its own: beyond the threads of the largest machines (a few
+    # hundred), and a fork each at start-up. Lower, machine-dependent limits (processes,
+    # memory) are in recipe/machine_limits.py.
+    "trainer.data_workers": (MAX_DATA_WORKERS, "one process each, per rank"),
 }
+# An update draws all its `batch_size * grad_accumulation` indices as one tensor (R-LOOP-1).
+MAX_DRAWN = 2**31 - 1
 
 
 def framework_limit_problems(raw: Mapping[str, Any]) -> list[str]:
@@ -34,6 +41,14 @@ def framework_limit_problems(raw: Mapping[str, Any]) -> list[str]:
     _walk(FrameworkConfig, raw, (), problems)
     trainer = raw.get("trainer")
     if isinstance(trainer, Mapping):
+        drawn = [trainer.get(k, 1) for k in ("batch_size", "grad_accumulation")]
+        if all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= INT64_MAX
+               for v in drawn) and drawn[0] * drawn[1] > MAX_DRAWN \
+                and drawn[0] <= MAX_DRAWN:
+            problems.append(f"trainer.grad_accumulation: expected batch_size x "
+                            f"grad_accumulation at most {MAX_DRAWN} (the indices of one "
+                            f"update are drawn at once, as one tensor), got {drawn[0]} x "
+                            f"{drawn[1]} = {drawn[0] * drawn[1]}")
         output_dir = trainer.get("output_dir")
         if isinstance(output_dir, str) and not output_dir.strip():
             problems.append(f"trainer.output_dir: expected a directory path, got "

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
+from embodichain.core.recipe.consistency import recipe_problems, recipe_warnings
 from embodichain.core.recipe.limits import framework_limit_problems
 from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
 from embodichain.core.recipe.validation_errors import (
@@ -33,6 +34,8 @@ class Recipe:
     config: FrameworkConfig
     factory: Callable[..., Any]
     source: str | None = None
+    warnings: tuple[str, ...] = ()
+    """Keys whose value has no effect in this recipe (recipe/consistency.py)."""
 
     @property
     def resolved(self) -> dict[str, Any]:
@@ -267,8 +270,10 @@ def check_recipe(raw: Mapping[str, Any], source: str | None = None,
         except ValidationError as exc:
             problems += strict + _without_keys(format_validation_error(exc, schema), strict)
         else:
+            strict += recipe_problems(config)  # keys that need each other
             if not strict:
-                recipe = Recipe(config=config, factory=factory, source=source)
+                recipe = Recipe(config=config, factory=factory, source=source,
+                                warnings=tuple(recipe_warnings(config)))
                 return RecipeCheck(recipe, [], raw)
             problems += strict
     problems = _mark_overrides(_dedupe(problems), _parse_overrides(overrides)[0])

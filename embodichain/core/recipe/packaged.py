@@ -60,9 +60,55 @@ def recipe_text(name: str) -> str:
                          f"{exc}") from None
 
 
+# The trainer's optional keys, as commented lines `init` adds to a copy: (key, default, what).
+OPTIONAL_TRAINER_KEYS = (
+    ("grad_accumulation", "1", "micro-batches of batch_size per update"),
+    ("ema", "null", "{decay: 0.999, validate: ema | model | both}: an average of the weights"),
+    ("precision", "fp32", "fp32 | bf16 | fp16 (CUDA)"),
+    ("compile", "false", "train through torch.compile"),
+    ("data_workers", "0", "worker processes loading a DatasetSource"),
+    ("prefetch", "2", "batches each data worker loads ahead"),
+    ("sampling", "with_replacement", "with_replacement | epochs"),
+    ("best", "null", "{metric: validation/mse, mode: min}: the metric that matters"),
+    ("save_best", "false", "keep best.pt (needs validate_every)"),
+    ("early_stop", "null", "{patience: 5, min_delta: 0.0} validations without improvement"),
+    ("keep_last", "null", "keep only the newest N step files"),
+    ("async_save", "true", "write checkpoints on a background thread"),
+    ("save_every_s", "null", "also write last.pt every this many seconds"),
+    ("on_nonfinite", "stop", "stop | skip an update whose loss is not finite"),
+)
+
+
+def with_optional_trainer_keys(text: str) -> str:
+    """`text` with the trainer keys it does not set listed, commented out, at the end of
+    its `trainer:` block (same indentation), so a copy shows what else there is."""
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == "trainer:"), None)
+    if start is None:
+        return text
+    end, indent = start + 1, None
+    while end < len(lines) and (not lines[end].strip() or lines[end][:1] in " \t"):
+        if lines[end].strip() and indent is None:
+            indent = lines[end][:len(lines[end]) - len(lines[end].lstrip())]
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1
+    present = {line.strip().partition(":")[0] for line in lines[start + 1:end]}
+    missing = [k for k in OPTIONAL_TRAINER_KEYS if k[0] not in present]
+    if not missing or indent is None:
+        return text
+    width = max(len(f"{k}: {d}") for k, d, _ in missing)
+    added = [f"{indent}# optional, with their defaults:\n"] + [
+        f"{indent}# {f'{k}: {d}':<{width}}  # {what}\n" for k, d, what in missing]
+    if not lines[end - 1].endswith("\n"):
+        lines[end - 1] += "\n"
+    return "".join(lines[:end] + added + lines[end:])
+
+
 def write_recipe_copy(name: str, destination: Path, header: str = "") -> Path:
-    """Write `header` + the packaged recipe to `destination`, never replacing a file."""
-    text = recipe_text(name)
+    """Write `header` + the packaged recipe to `destination` (with the optional trainer keys
+    listed, commented), never replacing a file."""
+    text = with_optional_trainer_keys(recipe_text(name))
     if destination.exists() or destination.is_symlink():
         raise RefusedError(f"{destination} already exists; choose another file name or remove "
                            "it first. Nothing was changed.")

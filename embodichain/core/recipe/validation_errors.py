@@ -89,8 +89,20 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> li
             text = f"expected one of {ctx.get('expected')}"
         elif kind in ("value_error", "assertion_error"):
             text = str(ctx.get("error", err["msg"]))
-            problems.append(f"{path}: {text}")
+            pieces = text.split("; ")
+            # A section's validator names its keys itself (`optimizer.betas: ...`): not
+            # `optimizer: optimizer.betas: ...`, nor `(recipe): trainer.precision: ...`.
+            if all(_names_a_key_within(piece, loc) for piece in pieces):
+                problems.extend(pieces)
+            elif _names_a_key_within(text, loc):
+                problems.append(text)
+            else:
+                problems.append(f"{path}: {text}")
             continue
+        elif kind in ("too_short", "too_long"):
+            bound = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+            text = (f"expected {'at least' if kind == 'too_short' else 'at most'} {bound} "
+                    f"item{'s' if bound != 1 else ''}")
         else:
             text = _TYPE_TEXT.get(kind, err["msg"][:1].lower() + err["msg"][1:])
         if kind.startswith("int") and _positive_int(schema, loc):
@@ -99,6 +111,15 @@ def format_validation_error(exc: ValidationError, schema: type[BaseModel]) -> li
         problems.append(f"{path}: {text}, got {shown(value)}"
                         + (_number_text_hint(value) if kind.startswith(("int", "float")) else ""))
     return problems
+
+
+def _names_a_key_within(text: str, loc: tuple[str, ...]) -> bool:
+    """Whether `text` starts with `key.path: ` for a key at or below `loc`."""
+    head, sep, _ = text.partition(": ")
+    if not sep or not head or " " in head:
+        return False
+    where = ".".join(loc)
+    return not where or head == where or head.startswith(where + ".")
 
 
 def shown(value: Any) -> str:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.loader import BatchLoader
 from embodichain.core.data.samplers import Sampler, make_sampler
 from embodichain.core.data.source import Source
@@ -23,6 +26,12 @@ def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
 def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
                  device: torch.device) -> BatchLoader:
     t = config.trainer
+    if t.data_workers and not isinstance(source, DatasetSource) and process_group.is_rank_zero():
+        # Said once, by rank 0, as the trainer is built: the key is not silently ignored.
+        logging.getLogger("embodichain").warning(
+            "warning: trainer.data_workers: %d has no effect: the factory's source is %s, "
+            "in memory (only a DatasetSource is loaded by worker processes)",
+            t.data_workers, type(source).__name__)
     return BatchLoader(source, sampler, device, seed=config.seed, rank=process_group.rank(),
                        workers=t.data_workers, prefetch=t.prefetch,
                        micro_batch_size=t.batch_size)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import OptimizerConfig
 
 ParamGroups = Sequence[Mapping[str, Any]]
@@ -44,27 +45,31 @@ def exempt_parameters(model: nn.Module, no_decay: Iterable[str]) -> set[int]:
 
 def build_param_groups(model: nn.Module, config: OptimizerConfig,
                        factory_groups: ParamGroups | None = None) -> list[dict[str, Any]]:
-    """The torch param groups: the factory's, then `default`, each split by `no_decay`."""
+    """The torch param groups: the factory's, then `default`, each split by `no_decay`.
+
+    A bad group is bad input (UsageError, exit 2, before anything starts): its values
+    usually come from the recipe through the factory."""
     owned = dict.fromkeys(id(p) for p in model.parameters())
     groups, listed = [], set()
     for i, group in enumerate(factory_groups or ()):
         unknown = set(group) - _GROUP_KEYS
         if unknown or "params" not in group:
-            raise ValueError(f"param_groups[{i}]: keys are {sorted(_GROUP_KEYS)} (params "
-                             f"required), got {sorted(group)}")
+            raise _bad(i, group, f"keys are {sorted(_GROUP_KEYS)} (params required), got "
+                       f"{sorted(group)}")
         params = list(group["params"])
         for p in params:
             if id(p) not in owned:
-                raise ValueError(f"param_groups[{i}] holds a tensor that is not a parameter "
-                                 "of the model")
+                raise _bad(i, group, "holds a tensor that is not a parameter of the model")
             if id(p) in listed:
-                raise ValueError(f"param_groups[{i}] repeats a parameter of an earlier group")
+                raise _bad(i, group, "repeats a parameter of an earlier group")
             listed.add(id(p))
         scale = float(group.get("lr_scale", 1.0))
         decay = float(group.get("weight_decay", config.weight_decay))
-        if not scale > 0 or not decay >= 0:
-            raise ValueError(f"param_groups[{i}]: lr_scale must be > 0 and weight_decay "
-                             f">= 0, got {scale} and {decay}")
+        if not scale > 0 or scale == float("inf"):
+            raise _bad(i, group, f"lr_scale must be a finite number > 0 (the group's "
+                       f"learning rate is optimizer.lr x lr_scale), got {scale}")
+        if not decay >= 0 or decay == float("inf"):
+            raise _bad(i, group, f"weight_decay must be a finite number >= 0, got {decay}")
         groups.append({"name": str(group.get("name", f"group{i}")), "params": params,
                        "lr_scale": scale, "weight_decay": decay})
     rest = [p for p in model.parameters() if id(p) not in listed]
@@ -84,6 +89,12 @@ def build_param_groups(model: nn.Module, config: OptimizerConfig,
     for group in split:
         group["lr"] = config.lr * group["lr_scale"]
     return split
+
+
+def _bad(index: int, group: Mapping[str, Any], problem: str) -> UsageError:
+    name = f" ({group['name']!r})" if isinstance(group.get("name"), str) else ""
+    return UsageError(f"the factory's param_groups[{index}]{name}: {problem}. Nothing was "
+                      "started.")
 
 
 def build_optimizer(groups: list[dict[str, Any]], config: OptimizerConfig

@@ -9,13 +9,14 @@ update: the last one stands, and the same resume command continues from it, exac
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
 from embodichain.core.checkpoint.names import LAST
 from embodichain.core.distributed.stop_request import EXIT_CODES, StopRequest, signal_name
 from embodichain.core.errors import Stopped
-from embodichain.core.runs.commands import resume_command
+from embodichain.core.runs.commands import SELF_LAUNCHED, resume_command
 
 
 def stopped(signum: int, step: int, max_updates: int, directory: Path, world_size: int
@@ -24,8 +25,17 @@ def stopped(signum: int, step: int, max_updates: int, directory: Path, world_siz
     return Stopped(
         f"stopped by {signal_name(signum)} at update {step} of {max_updates}: saved "
         f"{directory / LAST} (update {step}), so no work is lost. Continue with: "
-        f"{resume_command(directory, world_size)}",
+        f"{resume_command(directory, world_size)}{torchrun_note()}",
         EXIT_CODES[signum])
+
+
+def torchrun_note() -> str:
+    """Under a plain `torchrun`, whose agent prints a traceback of its own for the signal
+    (`torch.distributed.elastic.multiprocessing.api.SignalException`) after this line."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get(SELF_LAUNCHED):
+        return ""
+    return ("\n(torchrun stops on the same signal: the SignalException traceback it may "
+            "print below is torchrun's own, not a failure of this run)")
 
 
 def peer_gone(exc: BaseException, stop: StopRequest | None, distributed: bool) -> bool:

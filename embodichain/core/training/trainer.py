@@ -103,6 +103,10 @@ class SupervisedTrainer:
         # Sharded (trainer.strategy: fsdp): every rank writes its own shard (R-SHARD-2).
         self.checkpoints = (ShardedCheckpointing(t, device) if self.learner.sharded
                             else Checkpointing(t, device))
+        # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
+        # attached run hands over to it, which attaches one as train-sl does (R-API-1).
+        self.run_opener: Callable[[SupervisedTrainer, bool, StopRequest | None],
+                                  dict[str, float]] | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -120,8 +124,12 @@ class SupervisedTrainer:
         """Train to `trainer.max_updates`, validating, logging and saving on schedule.
 
         When `stop` is requested on any rank, every rank finishes the same update, saves a
-        snapshot of it and raises Stopped (R-SIG-1).
+        snapshot of it and raises Stopped (R-SIG-1). A trainer built by `build_trainer`
+        (the CLI, or a program) first gets its run directory, as train-sl gives it.
         """
+        if self.run is None and self.run_opener is not None:
+            opener, self.run_opener = self.run_opener, None
+            return opener(self, show_progress, stop)
         t = self.config.trainer
         run = self._require_run()
         rank_zero = process_group.is_rank_zero()
@@ -313,8 +321,9 @@ class SupervisedTrainer:
 
     def _require_run(self) -> RunContext:
         if self.run is None:
-            raise RuntimeError("no run directory attached; launch through `embodichain "
-                               "train-sl` or call trainer.attach(...) first")
+            raise RuntimeError("no run directory attached: build the trainer with "
+                               "embodichain.learning.sl.build_trainer(recipe, device) (or "
+                               "launch through `embodichain train-sl`)")
         return self.run
 
 

@@ -7,6 +7,16 @@ whose module imports torch may also register its schema, from a module that does
 the group `embodichain.sl_schemas` under the same name: `validate-config` and
 `list-factories` then never import torch.
 
+Programs launch a recipe the way `train-sl` does (run directory, claim, lock, resume
+rules, signals, summary; docs/api.md):
+
+    recipe = load_recipe("recipe.yaml", overrides=["optimizer.lr=0.01"])
+    with distributed_run(recipe.config.device) as device:
+        trainer = build_trainer(recipe, device)
+        final = trainer.fit()
+
+or `train(recipe)` in one call.
+
 Names are imported on first use, so `from embodichain.learning.sl import Section` (the
 config types) does not import torch, while `SupervisedTrainer` and friends do.
 """
@@ -22,7 +32,9 @@ if TYPE_CHECKING:
     from embodichain.core.data.samplers import EpochSampler, ReplacementSampler
     from embodichain.core.data.source import Source, TensorSource, tensor_digest
     from embodichain.core.distributed.process_group import distributed_run
-    from embodichain.core.errors import ConfigError, UsageError
+    from embodichain.core.errors import ConfigError, Stopped, TrainingError, UsageError
+    from embodichain.core.launch.api import build_trainer, load_recipe, train
+    from embodichain.core.recipe.loading import Recipe
     from embodichain.core.recipe.schema import (
         FrameworkConfig,
         OptimizerConfig,
@@ -43,7 +55,9 @@ _HOMES = {
     "embodichain.core.data.dataset_source": ("DatasetSource", "file_digest"),
     "embodichain.core.data.samplers": ("EpochSampler", "ReplacementSampler"),
     "embodichain.core.distributed.process_group": ("distributed_run",),
-    "embodichain.core.errors": ("ConfigError", "UsageError"),
+    "embodichain.core.errors": ("ConfigError", "Stopped", "TrainingError", "UsageError"),
+    "embodichain.core.launch.api": ("build_trainer", "load_recipe", "train"),
+    "embodichain.core.recipe.loading": ("Recipe",),
     "embodichain.core.training.learner": ("Learner", "UpdateResult"),
     "embodichain.core.training.objective": ("LossResult", "Objective"),
     "embodichain.core.data.source": ("Source", "TensorSource", "tensor_digest"),
@@ -61,22 +75,28 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "LossResult",
     "Objective",
     "OptimizerConfig",
+    "Recipe",
     "ReplacementSampler",
     "RunContext",
     "SaveBest",
     "SchedulerConfig",
     "Section",
     "Source",
+    "Stopped",
     "SupervisedTrainer",
     "TensorSource",
     "TrainerConfig",
+    "TrainingError",
     "UpdateResult",
     "UsageError",
     "ValidationCallback",
+    "build_trainer",
     "distributed_run",
     "file_digest",
+    "load_recipe",
     "read_checkpoint",
     "tensor_digest",
+    "train",
     "write_checkpoint",
 ]
 

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, assert_ok, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import TESTS, assert_ok, run_torchrun, worker_env, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 RECIPE = {"trainer.max_updates": 100, "trainer.save_every": 20, "trainer.validate_every": 25,
           "trainer.log_every": 5, "trainer.save_best": True}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import assert_ok, run_cli, write_recipe
-
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.names import step_files
+from tests.support import assert_ok, run_cli, write_recipe
 
 
 def test_keep_last_keeps_the_newest_step_files(tmp_path: Path) -> None:

@@ -76,8 +76,10 @@ def test_a_failed_background_write_is_kept_named_and_stops_further_writes(
     writer.write(payload(5, torch.ones(2)), tmp_path / "step_5.pt")
     failure = writer.settle()
     assert failure is not None and failure.path == tmp_path / "step_5.pt"
-    assert failure.message == (f"saving checkpoint {tmp_path / 'step_5.pt'} failed on rank 0: "
-                               f"No space left on device ({tmp_path / 'step_5.pt'})")
+    assert failure.message.startswith(f"saving checkpoint {tmp_path / 'step_5.pt'} failed on "
+                                      "rank 0: the disk is full (No space left on device): "
+                                      "the checkpoint needs ")
+    assert failure.message.endswith(f" ({tmp_path / 'step_5.pt'})")
     assert rank_zero_note(writer, SaveClock(None)) == SAVE_FAILED
     writer.write(payload(6, torch.ones(2)), tmp_path / "step_6.pt")
     assert writer.settle() is failure

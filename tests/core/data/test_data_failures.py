@@ -11,12 +11,15 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import child_pids, REPO, run_torchrun
-from data_runs import data_env, data_recipe
+import pytest
 
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import REPO, child_pids, run_torchrun
+from tests.support.data import data_env, data_recipe
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 TRAIN_SIZE, BATCH = 1024, 32
 

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TIMEOUT, assert_ok, run_torchrun
-from data_runs import data_env, data_recipe
-from state_compare import assert_training_state_equal, comparable_records
+
+from tests.support import REPO, TIMEOUT, assert_ok, run_torchrun
+from tests.support.data import data_env, data_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 MAX_UPDATES = 60
 RECIPE = {"trainer.max_updates": MAX_UPDATES, "trainer.save_every": 10}

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import assert_ok, run_torchrun
-from data_runs import data_env, data_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.data.samplers import EpochSampler
+from tests.support import assert_ok, run_torchrun
+from tests.support.data import data_env, data_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 
 def test_each_epoch_deals_every_example_once_across_the_ranks() -> None:
@@ -27,6 +28,7 @@ def test_each_epoch_deals_every_example_once_across_the_ranks() -> None:
     assert ranks[0].epoch == 2 and ranks[1].batches_drawn == 45
 
 
+@pytest.mark.slow
 def test_epoch_resume_from_the_middle_of_an_epoch_is_exact(tmp_path: Path) -> None:
     """Catches an epoch sampler that restarts its epoch (or reshuffles) on resume, or whose
     position counts batches prefetched by the workers: resuming at update 20 (an epoch is

@@ -4,7 +4,6 @@ consumed position, failures, file digests (R-DATA-1..4)."""
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 
 import numpy
@@ -13,12 +12,11 @@ import torch
 
 from embodichain.core.data.dataset_source import DatasetSource, digest_path, file_digest
 from embodichain.core.data.loader import BatchLoader, example_seed
+from tests.factories.augmenting import AugmentingDataset
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.data.source import TensorSource
 from embodichain.core.errors import DataFailure
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "factories"))
-from augmenting import AugmentingDataset  # noqa: E402
 
 CPU = torch.device("cpu")
 

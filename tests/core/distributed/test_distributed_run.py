@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import TESTS, assert_ok, run_torchrun, worker_env
 
 from embodichain.core.distributed.process_group import resolve_device
 from embodichain.core.errors import UsageError
 from embodichain.core.training.learner import Learner
 from embodichain.learning.sl import OptimizerConfig, distributed_run
+from tests.support import TESTS, assert_ok, run_torchrun, worker_env
 
 SCRIPTS = TESTS / "scripts"
 
@@ -39,10 +39,12 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return launch_check(tmp_path_factory.mktemp("distributed_run"))
 
 
+@pytest.mark.slow
 def test_no_group_exists_before(ranks):
     assert [r["before"] for r in ranks] == [False, False]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", ["own", "exception", "auto"])
 def test_creates_a_gloo_group_and_destroys_it(ranks, scenario):
     for rank, seen in enumerate(ranks):
@@ -55,12 +57,14 @@ def test_creates_a_gloo_group_and_destroys_it(ranks, scenario):
         assert got["after"] is False, f"rank {rank}: group left behind after {scenario!r}"
 
 
+@pytest.mark.slow
 def test_an_exception_propagates_and_the_group_is_still_destroyed(ranks):
     for seen in ranks:
         assert seen["exception"]["propagated"] == "from inside the block"
         assert seen["exception"]["after"] is False
 
 
+@pytest.mark.slow
 def test_a_pre_existing_group_stays_the_callers(ranks):
     for seen in ranks:
         got = seen["preexisting"]

@@ -17,13 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
+
+from tests.support import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
 
 LAUNCHES = 20
 SHORT = ["--set", "trainer.max_updates=20", "--set", "trainer.save_every=10",
          "--set", "trainer.validate_every=10", "--no-progress"]
 
 
+@pytest.mark.slow
 def test_no_gloo_thread_is_left_after_a_run(tmp_path: Path) -> None:
     """Catches a group that destroy_process_group cannot free (its threads then run into
     interpreter exit): importing torch.distributed.nn.functional after the group exists

@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_torchrun, worker_env, write_recipe
+
+from tests.support import REPO, run_torchrun, worker_env, write_recipe
 
 
+@pytest.mark.slow
 def test_a_worker_waiting_in_the_rendezvous_ends_on_sigterm_not_sigkill(tmp_path: Path
                                                                         ) -> None:
     """Rank 1 fails before joining; torchrun then SIGTERMs rank 0, which waits in the

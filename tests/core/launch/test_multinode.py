@@ -17,8 +17,19 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import REPO, RESTART_RECIPE, TIMEOUT, assert_ok, run_cli, worker_env, write_recipe
-from state_compare import assert_same_outcome, comparable_records, implied_events
+
+from tests.support import (
+    REPO,
+    RESTART_RECIPE,
+    TIMEOUT,
+    assert_ok,
+    run_cli,
+    worker_env,
+    write_recipe,
+)
+from tests.support.state_compare import assert_same_outcome, comparable_records, implied_events
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = RESTART_RECIPE

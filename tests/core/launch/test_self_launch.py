@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, worker_env, write_recipe
+import pytest
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import REPO, worker_env, write_recipe
+
+pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 FACTORIES = REPO / "tests" / "factories"
 

@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from embodichain.core.observe.summary import summary_lines
 from embodichain.core.runs.run_dir import read_metrics
 
@@ -25,6 +27,7 @@ def _expected(run: Path) -> dict[str, str]:
     return expected
 
 
+@pytest.mark.slow
 def test_summary_once_on_rank_zero_with_the_recorded_figures(sl_ddp_two_workers: Path) -> None:
     run = sl_ddp_two_workers
     stdout = (run.parent / "stdout.txt").read_text()
@@ -73,7 +76,7 @@ def test_best_is_the_lowest_with_its_update_and_stopped_runs_say_how_to_continue
 
 
 def test_a_failed_run_says_what_exists_and_how_to_continue(tmp_path: Path) -> None:
-    from conftest import TESTS, run_cli, worker_env, write_recipe
+    from tests.support import TESTS, run_cli, worker_env, write_recipe
 
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, factory="interrupting:build_supervised_trainer")

@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TESTS, assert_ok, run_cli, worker_env, write_recipe
 
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import TESTS, assert_ok, run_cli, worker_env, write_recipe
 
 FACTORIES = TESTS / "factories"
 BOTH = ["jsonl", "tensorboard"]
@@ -50,6 +50,7 @@ def test_event_files_hold_the_records_of_metrics_jsonl(resumed_at_100: Path) -> 
     assert events(run) == after
 
 
+@pytest.mark.slow
 def test_a_rolled_back_tail_leaves_the_event_stream(tmp_path: Path) -> None:
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, factory="interrupting:build_supervised_trainer",

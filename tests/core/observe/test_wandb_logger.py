@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FACTORIES, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
 
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import FACTORIES, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
 
 pytest.importorskip("wandb")
 

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 import torch
-from conftest import CPU_RECIPE, FACTORIES
-from state_compare import assert_state_equal
 
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing
 from embodichain.core.recipe.loading import read_recipe_file, validate_recipe
 from embodichain.core.runs.resume_policy import config_differences
 from embodichain.core.training.callbacks import SaveBest
+from tests.support import CPU_RECIPE, FACTORIES
+from tests.support.state_compare import assert_state_equal
 
 
 def test_direction_ties_and_min_delta() -> None:

@@ -14,7 +14,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, worker_env
 
 from embodichain.core.recipe.discovery import (
     FactoryError,
@@ -23,6 +22,7 @@ from embodichain.core.recipe.discovery import (
     registered_factories,
     resolve_factory,
 )
+from tests.support import run_cli, worker_env
 
 MODULES = ("throwaway_recipes", "throwaway_broken")
 

@@ -6,21 +6,23 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
-from conftest import (
+
+from embodichain.core.runs.run_dir import remove_stale_temp_files
+from tests.support import (
     REPO,
     assert_ok,
     run_torchrun,
     worker_env,
     write_recipe,
 )
-from state_compare import assert_same_outcome
-
-from embodichain.core.runs.run_dir import remove_stale_temp_files
+from tests.support.state_compare import assert_same_outcome
 
 FACTORIES = REPO / "tests" / "factories"
 
 
+@pytest.mark.slow
 def test_resume_run_dir_after_a_crash_equals_the_uninterrupted_run(
         sl_ddp_two_workers: Path, tmp_path: Path) -> None:
     """Catches stale temp files of ours left (or foreign ones removed), and an in-place
@@ -57,6 +59,7 @@ def test_resume_run_dir_after_a_crash_equals_the_uninterrupted_run(
     assert compared >= 3 * 18
 
 
+@pytest.mark.slow
 def test_resume_run_dir_rolls_back_history_beyond_the_snapshot(sl_ddp_two_workers: Path,
                                                                tmp_path: Path) -> None:
     """R-RESUME-6: records after the newest snapshot are moved aside, not mixed or lost.

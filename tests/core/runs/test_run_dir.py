@@ -11,7 +11,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from embodichain.core.errors import RefusedError
+from embodichain.core.runs.run_dir import claim
+from tests.support import (
     REPO,
     TESTS,
     TIMEOUT,
@@ -22,9 +25,6 @@ from conftest import (
     workers_output,
     write_recipe,
 )
-
-from embodichain.core.errors import RefusedError
-from embodichain.core.runs.run_dir import claim
 
 SCRIPTS = TESTS / "scripts"
 REFUSAL = "already holds a run"
@@ -54,6 +54,7 @@ def root_cause_exit_code(output: str) -> str:
     return worker_exit_codes(cause)[0]
 
 
+@pytest.mark.slow
 def test_second_fresh_run_under_torchrun_is_refused(sl_ddp_two_workers, copy_run, tmp_path):
     run = copy_run(sl_ddp_two_workers)
     before = snapshot_dir(run)
@@ -70,6 +71,7 @@ def test_second_fresh_run_under_torchrun_is_refused(sl_ddp_two_workers, copy_run
     assert snapshot_dir(run) == before
 
 
+@pytest.mark.slow
 def test_every_torchrun_worker_exits_2_on_a_refusal(tmp_path):
     """Each worker's own exit code, recorded beyond the reach of torchrun's SIGTERM."""
     run = tmp_path / "used"
@@ -155,6 +157,7 @@ def test_racing_claims_have_exactly_one_winner(tmp_path):
         assert [p.name for p in directory.iterdir()] == ["run.json"]
 
 
+@pytest.mark.slow
 def test_two_launches_racing_for_one_directory(tmp_path):
     """Two `train-sl` processes started together into one empty directory: one trains."""
     out = tmp_path / "contested"

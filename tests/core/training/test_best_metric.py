@@ -15,7 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.manifest import checkpoint_step
+from embodichain.core.runs.run_dir import read_metrics
+from tests.support import (
     FACTORIES,
     assert_ok,
     run_cli,
@@ -24,11 +28,8 @@ from conftest import (
     worker_env,
     write_recipe,
 )
-from state_compare import assert_training_state_equal, comparable_records
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.checkpoint.manifest import checkpoint_step
-from embodichain.core.runs.run_dir import read_metrics
+from tests.support.cli import cli_in_process
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 PATIENCE = 3
 MAX_UPDATES = 400
@@ -89,6 +90,7 @@ def patience_stop(series: list[tuple[int, float]], patience: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_best_pt_holds_the_update_of_the_highest_accuracy(classified: Path) -> None:
     """Catches best.pt kept by the lowest value (the worst accuracy), or not kept at all
     because only validation/mse is known."""
@@ -99,6 +101,7 @@ def test_best_pt_holds_the_update_of_the_highest_accuracy(classified: Path) -> N
     assert best["step"] == step and step != accuracy(classified)[0][0]  # not just the first
 
 
+@pytest.mark.slow
 def test_early_stop_ends_where_the_patience_says(classified: Path) -> None:
     """Catches an early stop that never fires, fires late or early, ends without a
     snapshot, or is not recorded in run.json."""
@@ -114,6 +117,7 @@ def test_early_stop_ends_where_the_patience_says(classified: Path) -> None:
     assert tracker["since"] == PATIENCE and tracker["step"] == highest(series)[0]
 
 
+@pytest.mark.slow
 def test_summary_runs_and_progress_lines_name_accuracy(classified: Path) -> None:
     """Catches a hard-coded `val_mse` bar field, a summary whose best is the lowest
     accuracy, and a runs table that only knows validation/mse."""
@@ -129,7 +133,7 @@ def test_summary_runs_and_progress_lines_name_accuracy(classified: Path) -> None
     assert "val_mse" not in stderr
     assert f"update {end}/{MAX_UPDATES}" in lines[-1]
 
-    rows = json.loads(run_cli("runs", str(classified), "--json").stdout)
+    rows = json.loads(cli_in_process("runs", str(classified), "--json").stdout)
     assert len(rows) == 1
     row = rows[0]
     assert (row["metric"], row["metric_mode"]) == ("validation/accuracy", "max")
@@ -138,6 +142,7 @@ def test_summary_runs_and_progress_lines_name_accuracy(classified: Path) -> None
     assert row["state_text"] == f"stopped early at update {end} (best at {best_step})"
 
 
+@pytest.mark.slow
 def test_resume_leaves_an_early_stopped_run_unchanged(classified: Path, tmp_path: Path) -> None:
     """Catches a resume that trains on after an early stop (as if it were interrupted) or
     touches the directory."""

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_ok, run_cli, run_torchrun, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 from torch import nn
 
 from embodichain.core.checkpoint.file import read_checkpoint
@@ -17,6 +15,9 @@ from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.training.ema import Ema
 from embodichain.learning.sl import Learner, LossResult
 from embodichain.plugins.sl_ddp import make_corpus, make_model, masked_mse, validation_seed
+from tests.support import assert_ok, run_cli, run_torchrun, write_recipe
+from tests.support.cli import cli_in_process
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 CPU = torch.device("cpu")
 DECAY = 0.9
@@ -101,17 +102,17 @@ def test_resume_with_ema_is_exact_and_catches_an_ema_not_restored(tmp_path: Path
             assert record[key] == masked_mse(model.eval(), validation).loss.item(), key
     assert record["validation/mse"] != record["validation_ema/mse"]
 
-    shown = run_cli("inspect-checkpoint", str(tmp_path / "full" / "last.pt"), "--json")
+    shown = cli_in_process("inspect-checkpoint", str(tmp_path / "full" / "last.pt"), "--json")
     assert_ok(shown)
     ema = json.loads(shown.stdout)["ema"]
     assert ema == {"decay": DECAY, "validate": "both", "tensors": 4, "bytes": (4 * 32 + 32
                                                                                + 32 * 2 + 2) * 4}
-    assert "EMA weights" in run_cli("inspect-checkpoint",
+    assert "EMA weights" in cli_in_process("inspect-checkpoint",
                                     str(tmp_path / "full" / "last.pt")).stdout
     # `validate` may change on resume; the decay may not (training configuration).
     other = write_recipe(tmp_path / "other.yaml", tmp_path / "other", **{
         **common, "trainer.ema": {"decay": 0.5, "validate": "model"}})
-    proc = run_cli("inspect-checkpoint", str(tmp_path / "full" / "step_20.pt"),
+    proc = cli_in_process("inspect-checkpoint", str(tmp_path / "full" / "step_20.pt"),
                    "--config", str(other))
     assert proc.returncode == 1
     assert "trainer.ema.decay: checkpoint 0.9, this run 0.5" in proc.stdout

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.resume_policy import config_differences
+from tests.support import SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
+from tests.support.cli import cli_in_process
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 LR = 0.1  # accumulated_update.py's SGD learning rate
 
@@ -90,6 +91,7 @@ def rebuild(before: dict[str, torch.Tensor], micro: list[list[dict[str, torch.Te
         return {n: p - LR * p.grad for n, p in model.named_parameters()}
 
 
+@pytest.mark.slow
 def test_float64_rebuild_of_accumulated_updates_catches_dividing_by_k(accumulated) -> None:
     """Each rank's update equals a float64 one-process rebuild from the micro-batches every
     rank drew (rank-uneven masks, one zero-weight micro-batch) to 1e-6; the broken variant
@@ -123,6 +125,7 @@ def test_float64_rebuild_of_accumulated_updates_catches_dividing_by_k(accumulate
     assert checked == updates - 1
 
 
+@pytest.mark.slow
 def test_one_allreduce_per_update_not_one_per_micro_batch(accumulated) -> None:
     """The gradient all-reduce (which also carries weight, loss, metrics and the stop flag)
     runs once per bucket per update whatever K: catches an all-reduce per micro-batch
@@ -149,7 +152,7 @@ def test_resume_mid_run_with_k4_is_bitwise(tmp_path: Path) -> None:
     # Changing K refuses the resume, naming the key (training configuration, R-RESUME-2).
     changed = write_recipe(tmp_path / "k2.yaml", tmp_path / "k2",
                            **{**common, "trainer.grad_accumulation": 2})
-    proc = run_cli("inspect-checkpoint", str(full / "step_20.pt"), "--config", str(changed))
+    proc = cli_in_process("inspect-checkpoint", str(full / "step_20.pt"), "--config", str(changed))
     assert proc.returncode == 1 and "trainer.grad_accumulation: checkpoint 4, this run 2" \
         in proc.stdout + proc.stderr
 

@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_torchrun, write_recipe
 
 from embodichain.core.checkpoint.manifest import checkpoint_step
+from tests.support import run_cli, run_torchrun, write_recipe
+from tests.support.cli import cli_in_process
 
 # SGD at this rate diverges within a few updates: the loss reaches inf, then nan.
 DIVERGING = {"optimizer.name": "sgd", "optimizer.lr": 1.0e6, "trainer.max_updates": 30,
@@ -28,6 +29,7 @@ def first_nonfinite(records: list[dict]) -> int:
     return next(r["step"] for r in records if "train/nonfinite" in r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("launch", ["one-process", "torchrun-2"])
 def test_stop_names_the_update_and_the_last_good_snapshot(launch: str, tmp_path: Path
                                                           ) -> None:
@@ -72,7 +74,7 @@ def test_skip_continues_without_applying_the_update(tmp_path: Path) -> None:
     nonfinite = {r["step"] for r in records if r.get("train/nonfinite") == 1}
     assert step in skipped and nonfinite <= skipped and max(r["step"] for r in records) == 30
     # Skipped updates were not applied: the model stays finite and inspectable.
-    inspected = run_cli("inspect-checkpoint", str(tmp_path / "run" / "last.pt"), "--json")
+    inspected = cli_in_process("inspect-checkpoint", str(tmp_path / "run" / "last.pt"), "--json")
     assert inspected.returncode == 0, inspected.stderr
     assert json.loads(inspected.stdout)["step"] == 30
 

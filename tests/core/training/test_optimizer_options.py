@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 from torch import nn
 
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.learning.sl import Learner, LossResult
+from tests.support import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
+from tests.support.cli import cli_in_process
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 CPU = torch.device("cpu")
 
@@ -151,7 +152,7 @@ def test_param_groups_with_no_decay_and_a_schedule_resume_exactly(tmp_path: Path
                                        tmp_path / "resumed" / "last.pt") > 0
     assert comparable_records(tmp_path / "resumed") == [
         r for r in comparable_records(tmp_path / "full") if r["step"] > 15]
-    shown = run_cli("inspect-checkpoint", str(tmp_path / "full" / "step_15.pt"), "--json")
+    shown = cli_in_process("inspect-checkpoint", str(tmp_path / "full" / "step_15.pt"), "--json")
     assert_ok(shown)
     groups = json.loads(shown.stdout)["optimizer"]["hyper_parameters"]
     assert [(g["name"], g["parameter_tensors"], g["lr_scale"], g["weight_decay"])
@@ -159,7 +160,7 @@ def test_param_groups_with_no_decay_and_a_schedule_resume_exactly(tmp_path: Path
                                  ("default", 1, 1.0, 0.1), ("default/no_decay", 1, 1.0, 0.0)]
     assert groups[0]["lr"] == pytest.approx(0.1 * groups[2]["lr"], rel=1e-12)
     assert groups[0]["betas"] == [0.85, 0.99]
-    text = run_cli("inspect-checkpoint", str(tmp_path / "full" / "step_15.pt")).stdout
+    text = cli_in_process("inspect-checkpoint", str(tmp_path / "full" / "step_15.pt")).stdout
     assert "group 3: name" in text and "default/no_decay" in text
 
 
@@ -180,7 +181,7 @@ def test_param_groups_with_no_decay_and_a_schedule_resume_exactly(tmp_path: Path
 ])
 def test_new_keys_are_validated_strictly(tmp_path: Path, changes: dict, message: str) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **changes)
-    proc = run_cli("validate-config", str(recipe))
+    proc = cli_in_process("validate-config", str(recipe))
     assert proc.returncode == 2 and message in proc.stdout + proc.stderr, proc.stdout + \
         proc.stderr
 

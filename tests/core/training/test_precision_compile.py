@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import REPO, assert_ok, run_cli, write_recipe
-from state_compare import assert_training_state_equal, comparable_records
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import REPO, assert_ok, run_cli, write_recipe
+from tests.support.cli import cli_in_process
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 HAS_COMPILER = any(shutil.which(c) for c in ("g++", "c++", "clang++"))
 NERD_RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"
@@ -34,6 +35,7 @@ def train_and_resume(tmp_path: Path, **changes) -> tuple[Path, Path]:
     return tmp_path / "full", tmp_path / "resumed"
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_trains_and_resumes_exactly(tmp_path: Path) -> None:
     """bf16 autocast on CPU: the run learns, the saved model stays float32, and resuming at 15
     of 30 is bitwise; catches autocast left out (fp32 results) via the loss differing."""
@@ -118,6 +120,6 @@ def test_nerd_precision_is_a_deprecated_alias_of_trainer_precision(tmp_path: Pat
     assert saved["trainer"]["precision"] == "bf16"
     both = nerd_recipe(tmp_path, nerd_data, "bf16", trainer_precision="fp16")
     both.write_text(both.read_text().replace("device: cpu", "device: cuda"))  # fp16 allowed
-    proc = run_cli("validate-config", str(both))
+    proc = cli_in_process("validate-config", str(both))
     assert proc.returncode == 2 and "contradicts trainer.precision: fp16" in proc.stdout + \
         proc.stderr

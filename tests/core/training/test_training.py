@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CPU_RECIPE
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import CPU_RECIPE
 
 ARTIFACTS = {"run.json", "metrics.jsonl", "step_100.pt", "step_200.pt", "last.pt"}
 RUN_JSON_KEYS = {"run_id", "created_at", "factory", "config_sha256", "source_identity",

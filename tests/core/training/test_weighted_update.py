@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, assert_ok, run_torchrun, worker_env, write_recipe
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support import TESTS, assert_ok, run_torchrun, worker_env, write_recipe
 
 SCRIPTS = TESTS / "scripts"
 EPS = torch.finfo(torch.float32).eps
@@ -98,6 +98,7 @@ def assert_same_update(actual: dict[str, torch.Tensor], expected: dict[str, torc
             f"(max {bound.max().item():.3e})")
 
 
+@pytest.mark.slow
 def test_two_ranks_with_unequal_weights_equal_the_union_batch_update(two_workers):
     rank0, rank1 = (r["sgd"] for r in two_workers)
     data = wu.table()
@@ -117,6 +118,7 @@ def test_two_ranks_with_unequal_weights_equal_the_union_batch_update(two_workers
     assert rank0["summary"]["skipped"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_bound_separates_weighted_from_plain_ddp_averaging(two_workers):
     data = wu.table()
     expected, _ = reference_sgd(data)
@@ -135,6 +137,7 @@ def test_single_process_learner_equals_the_union_batch_update():
     assert math.isclose(result["summary"]["loss"], loss, rel_tol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_rank_without_valid_targets_contributes_nothing(two_workers):
     data = wu.table()
     data["mask"][6:] = 0  # rank 1's rows carry no supervision
@@ -159,6 +162,7 @@ def _assert_zero_weight_skipped(result: dict) -> None:
     assert result["scheduler_epoch"] == 2  # counted as an update: the schedule advanced
 
 
+@pytest.mark.slow
 def test_zero_total_weight_skips_the_step_on_every_rank(two_workers):
     for rank in two_workers:
         _assert_zero_weight_skipped(rank["adam_zero_weight"])
@@ -168,6 +172,7 @@ def test_zero_total_weight_skips_the_step_in_one_process():
     _assert_zero_weight_skipped(wu.zero_weight_with_adam(wu.table(), 0, 1, CPU))
 
 
+@pytest.mark.slow
 def test_trainer_records_skipped_updates_and_counts_them(tmp_path: Path):
     """2 workers, one example each, half the corpus unsupervised: some global batches weigh 0."""
     zw = _load("zero_weight_factory")

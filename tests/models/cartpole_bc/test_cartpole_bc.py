@@ -23,7 +23,8 @@ from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
 from embodichain_models.policies.cartpole_bc.prepare import prepare
 from embodichain_models.policies.cartpole_bc.task import succeeded
-from state_compare import assert_training_state_equal, comparable_records
+
+from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 TESTS = Path(__file__).resolve().parents[2]
 RECOVERY = TESTS / "recovery"  # kill_points.py: SIGKILL the CLI at a chosen call

@@ -1,12 +1,9 @@
-"""Helpers shared by the CLI tests.
-
-Plain functions, not fixtures, on purpose: a `tests/cli/conftest.py` would be imported as
-module `conftest` too and shadow the top-level one that test modules import helpers from.
-"""
+"""Helpers shared by the CLI tests: the CLI in this process, throwaway plugins."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import traceback
 from pathlib import Path
 
@@ -61,3 +58,12 @@ def make_plugins(root: Path) -> Path:
 def with_pythonpath(env: dict[str, str], *paths: Path) -> dict[str, str]:
     parts = [str(p) for p in paths] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     return {**env, "PYTHONPATH": os.pathsep.join(parts)}
+
+
+def cli_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """`embodichain ARGS` run by `invoke`, as the CompletedProcess `run_cli` returns: for
+    read-only commands (inspect-checkpoint, runs, validate-config) in tests that are not
+    about the process itself, without a fresh interpreter importing torch for each call."""
+    result = invoke(*args)
+    return subprocess.CompletedProcess(["embodichain", *args], result.exit_code,
+                                       result.stdout, result.stderr)

@@ -7,19 +7,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from conftest import worker_env
-from state_compare import assert_state_equal as assert_state_equal
-from state_compare import assert_training_state_equal as assert_training_state_equal
-
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
+from tests.support.processes import TESTS, worker_env
+from tests.support.state_compare import assert_state_equal as assert_state_equal
+from tests.support.state_compare import (
+    assert_training_state_equal as assert_training_state_equal,
+)
 
-HERE = Path(__file__).resolve().parent
+RECOVERY = TESTS / "recovery"  # the recovery factories, kill points and drivers
 
 
 def factory_env(**extra: str) -> dict[str, str]:
     """Worker environment in which `recovery_factories:NAME` resolves."""
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(RECOVERY), os.environ.get("PYTHONPATH")) if p)
     return worker_env(PYTHONPATH=path, **extra)
 
 
@@ -44,3 +45,10 @@ def rewrite_checkpoint(src: Path, dst: Path, change) -> Path:
     dst.parent.mkdir(parents=True, exist_ok=True)
     write_checkpoint(make_checkpoint(payload), dst)
     return dst
+
+
+def assert_only_torchruns_traceback(out: str) -> None:
+    """Workers print one-line errors (SPEC §9); the only traceback is torchrun's own report."""
+    tracebacks = out.split("Traceback (most recent call last):")[1:]
+    assert len(tracebacks) == 1 and "ChildFailedError" in tracebacks[0], out
+    assert out.count("Traceback") == 1, out

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import FACTORIES, worker_env, write_recipe
+from tests.support.processes import FACTORIES, worker_env
+from tests.support.recipes import write_recipe
 
 AUGMENTING = {"factory": "augmenting:build_supervised_trainer", "trainer.max_updates": 40,
               "trainer.save_every": 20, "trainer.validate_every": 20, "trainer.log_every": 5,

@@ -1,0 +1,86 @@
+"""`validate-config` finds every problem `train-sl` refuses, and both say the same about a
+key that cannot take effect: each case goes through both commands (issue: early_stop with
+validate_every 0 refused by train-sl only; save_best with validate_every 0 and data_workers
+with an in-memory source silently ignored).
+
+Cases that only the built trainer can tell (its parameter groups, its source, its
+evaluate) agree with `validate-config --build`; every other case also with plain
+`validate-config`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support import FACTORIES, write_recipe
+from tests.support.cli import invoke
+
+SMALL = {"trainer.max_updates": 2, "trainer.validate_every": 1, "trainer.save_every": 0,
+         "trainer.log_every": 1}
+CLASSIFYING = {"factory": "classifying:build_supervised_trainer"}
+
+# (name, recipe changes, exit code of both, text both print, needs --build)
+CASES = [
+    ("valid", {}, 0, None, False),
+    ("early stop without validations", {"trainer.early_stop": {"patience": 2},
+                                        "trainer.validate_every": 0}, 2,
+     "trainer.early_stop: needs validations", False),
+    ("best.pt without validations", {"trainer.save_best": True, "trainer.validate_every": 0},
+     2, "trainer.save_best: best.pt is written at a validation", False),
+    ("data workers no machine serves", {"trainer.data_workers": 100000}, 2,
+     "trainer.data_workers: expected at most 1024", False),
+    ("an update too large", {"trainer.batch_size": 2**20, "trainer.grad_accumulation": 2**12},
+     2, "trainer.grad_accumulation: expected batch_size x grad_accumulation at most", False),
+    ("an EMA that never moves", {"trainer.ema": {"decay": 0.999999999}}, 2,
+     "trainer.ema.decay: expected at most", False),
+    ("prefetch without workers", {"trainer.prefetch": 8}, 0,
+     "warning: trainer.prefetch: 8 has no effect", False),
+    ("keep_last without step files", {"trainer.keep_last": 2}, 0,
+     "warning: trainer.keep_last: 2 has no effect", False),
+    ("data workers for an in-memory source", {"trainer.data_workers": 1}, 0,
+     "trainer.data_workers: 1 has no effect: the factory's source is TensorSource", True),
+    ("a bad parameter group", {"factory": "scaled:build_supervised_trainer",
+                               "groups.first_lr_scale": 0.0}, 2,
+     "param_groups[0] ('first'): lr_scale must be", True),
+    ("epochs larger than the corpus", {"trainer.sampling": "epochs", "data.train_size": 16},
+     2, "trainer.sampling: epochs needs at least", True),
+    ("best.pt without an evaluate", {**CLASSIFYING, "data.val_size": 0,
+                                     "trainer.save_best": True}, 2,
+     "trainer.save_best need validation", True),
+]
+
+
+@pytest.mark.parametrize("name, changes, code, text, needs_build", CASES,
+                         ids=[c[0] for c in CASES])
+def test_validate_config_and_train_sl_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            name: str, changes: dict, code: int,
+                                            text: str | None, needs_build: bool) -> None:
+    monkeypatch.syspath_prepend(str(FACTORIES))
+    run = tmp_path / "run"
+    if changes.get("factory") == CLASSIFYING["factory"]:
+        import yaml
+        base = tmp_path / "base.yaml"
+        base.write_text(yaml.safe_dump({
+            "factory": CLASSIFYING["factory"], "seed": 0, "device": "cpu",
+            "trainer": {"batch_size": 16, "max_updates": 2, "output_dir": str(run)},
+            "optimizer": {"name": "adam", "lr": 0.01}, "data": {"train_size": 64}}))
+        recipe = write_recipe(tmp_path / "r.yaml", run, base=base, **{**SMALL, **changes})
+    else:
+        recipe = write_recipe(tmp_path / "r.yaml", run, **{**SMALL, **changes})
+    trained = invoke("train-sl", "--config", str(recipe), "--no-progress")
+    built = invoke("validate-config", str(recipe), "--build")
+    plain = invoke("validate-config", str(recipe))
+    assert trained.exit_code == code, trained.output
+    assert built.exit_code == code, built.output
+    if text is not None:
+        assert text in trained.stderr, trained.stderr
+        assert text in built.stderr, built.stderr
+    if needs_build:
+        assert plain.exit_code == 0 and "--build checks it too" in plain.stderr
+    else:
+        assert plain.exit_code == code, plain.output
+        if text is not None:
+            assert text in plain.stderr, plain.stderr
+    assert run.exists() == (code == 0)

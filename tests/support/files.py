@@ -1,0 +1,26 @@
+"""Looking at what a run left on disk: whole directories, checkpoint tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
+    """Every file's bytes and every directory (None), to assert that a refused command
+    changed nothing: a file or a directory it created, removed or changed shows."""
+    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None
+            for p in sorted(directory.rglob("*"))}
+
+
+def tensors_by_path(value: object, path: str = ""):
+    """Every tensor of a nested checkpoint payload, keyed like `/learner/model/0.weight`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif isinstance(value, dict):
+        for key in value:
+            yield from tensors_by_path(value[key], f"{path}/{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            yield from tensors_by_path(item, f"{path}/{i}")
