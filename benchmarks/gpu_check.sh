@@ -44,11 +44,13 @@ PY
 same_shards() { "$PY" - "$1" "$2" <<'PY'
 # two sharded checkpoints (trainer.strategy: fsdp) hold the same training state, bitwise
 import sys
-sys.path.insert(0, "tests")
 from pathlib import Path
-from state_compare import assert_state_equal
+
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.sharded import read_shard, shard_table
+from tests.support.state_compare import assert_state_equal  # cwd: the repository
+
+
 def state(path):
     data = read_checkpoint(path)
     shards = {r: read_shard(path.parent, data, r)["payload"] for r in shard_table(data)}

@@ -17,7 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.names import step_files
+from embodichain.core.checkpoint.sharded import SHARDS_DIR, read_shard, shard_table
+from tests.support import (
     FACTORIES,
     SCRIPTS,
     assert_ok,
@@ -26,12 +30,8 @@ from conftest import (
     workers_output,
     write_recipe,
 )
-from recovery_helpers import factory_env
-from state_compare import assert_state_equal, comparable_records
-
-from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.checkpoint.names import step_files
-from embodichain.core.checkpoint.sharded import SHARDS_DIR, read_shard, shard_table
+from tests.support.recovery import factory_env
+from tests.support.state_compare import assert_state_equal, comparable_records
 
 GUARD = 240
 K = 6

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, assert_ok, run_torchrun, worker_env
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.sharded import (
@@ -26,6 +25,7 @@ from embodichain.core.checkpoint.sharded import (
     shard_table,
 )
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+from tests.support import SCRIPTS, assert_ok, run_torchrun, worker_env
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FACTORIES, SCRIPTS, assert_ok, run_cli, run_torchrun, worker_env, write_recipe
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.sharded import read_shard, shard_table
 from embodichain.plugins.sl_ddp import make_model
+from tests.support import (
+    FACTORIES,
+    SCRIPTS,
+    assert_ok,
+    run_cli,
+    run_torchrun,
+    worker_env,
+    write_recipe,
+)
+from tests.support.state_compare import comparable_records
 
 RUN = {"trainer.max_updates": 50, "trainer.save_every": 25, "trainer.validate_every": 25,
        "trainer.log_every": 10}
@@ -109,8 +118,6 @@ def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
              for r in range(2)]
     assert first == [5, 4]
     # validation of the model and of the EMA (swapped into the shards) on every rank
-    from state_compare import comparable_records
-
     ddp_val, fsdp_val = ([r for r in comparable_records(run) if "validation_ema/mse" in r]
                          for run in everything)
     assert len(ddp_val) == len(fsdp_val) == 2
@@ -122,8 +129,6 @@ def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
 def test_fsdp_metrics_match_ddp(builtin: tuple[Path, Path]) -> None:
     """Catches: validation under fsdp evaluated on rank 0 alone (it would hang in the
     forward's all-gather) or with the wrong weights, and the global loss mis-reduced."""
-    from state_compare import comparable_records
-
     ddp, fsdp = (comparable_records(run) for run in builtin)
     assert [sorted(r) for r in ddp] == [sorted(r) for r in fsdp]
     for a, b in zip(ddp, fsdp, strict=True):
