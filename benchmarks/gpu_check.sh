@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU path in one command (under 6 minutes on one GPU): every CUDA-marked test, short
 # CUDA trainings of sl_ddp and NeRD (1 process, and torchrun with 1 worker — 2 workers on
-# NCCL when 2 GPUs are visible), bf16 and fp16 with the scaler, EMA and accumulation, and an
-# exact resume. One line per check; exit 1 if any failed. Without CUDA: says so, exits 0.
+# NCCL when 2 GPUs are visible), bf16 and fp16 with the scaler, EMA and accumulation, an
+# exact resume, and FSDP2 (trainer.strategy: fsdp, bf16, world size 1: resume and export).
+# One line per check; exit 1 if any failed. Without CUDA: says so, exits 0.
 #
 #   bash benchmarks/gpu_check.sh            # from the checkout, in the project's venv
 set -u
@@ -40,6 +41,25 @@ from tests.support.state_compare import assert_training_state_equal  # cwd: the 
 assert assert_training_state_equal(Path(sys.argv[1]), Path(sys.argv[2])) > 0
 PY
 }
+same_shards() { "$PY" - "$1" "$2" <<'PY'
+# two sharded checkpoints (trainer.strategy: fsdp) hold the same training state, bitwise
+import sys
+from pathlib import Path
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.sharded import read_shard, shard_table
+from tests.support.state_compare import assert_state_equal  # cwd: the repository
+
+
+def state(path):
+    data = read_checkpoint(path)
+    shards = {r: read_shard(path.parent, data, r)["payload"] for r in shard_table(data)}
+    for shard in shards.values():
+        shard.pop("run")
+    return {"learner": data["payload"]["learner"], "shards": shards}
+assert assert_state_equal(state(Path(sys.argv[1])), state(Path(sys.argv[2]))) > 0
+PY
+}
 
 SL=examples/learning/sl_ddp/cuda.yaml
 SHORT=(--set trainer.max_updates=60 --set trainer.validate_every=30 --set trainer.save_every=30)
@@ -56,6 +76,18 @@ if [ "$BF16" = 1 ]; then
 fi
 check "sl_ddp fp16 with grad scaler" train --config $SL "${SHORT[@]}" --set trainer.precision=fp16 \
   --set trainer.output_dir=$TMP/sl_fp16
+if [ "$BF16" = 1 ]; then  # FSDP2 on one GPU: world size 1 (a one-rank NCCL mesh), bf16 policy
+  FSDP=(--set trainer.strategy=fsdp --set trainer.precision=bf16)
+  check "sl_ddp fsdp bf16, 1 process" train --config $SL "${SHORT[@]}" "${FSDP[@]}" \
+    --set trainer.output_dir=$TMP/sl_fsdp
+  check "fsdp bf16 torchrun 1 worker: exact resume, export" bash -c "
+    $(declare -f trun same_shards); PY=$PY
+    trun 1 --config $SL ${SHORT[*]} ${FSDP[*]} --set trainer.output_dir=$TMP/sl_fsdp_tr1 &&
+    trun 1 --config $SL ${SHORT[*]} ${FSDP[*]} --set trainer.output_dir=$TMP/sl_fsdp_res \
+      --resume $TMP/sl_fsdp_tr1/step_30.pt &&
+    same_shards $TMP/sl_fsdp_tr1/last.pt $TMP/sl_fsdp_res/last.pt &&
+    $PY -m embodichain export $TMP/sl_fsdp_tr1/last.pt $TMP/sl_fsdp_model.pt"
+fi
 LOOPS=(--set trainer.batch_size=8 --set trainer.grad_accumulation=4 --set trainer.ema.decay=0.99
        --set trainer.ema.validate=both)
 check "sl_ddp accumulation K=4 + EMA, torchrun 1 worker" trun 1 --config $SL "${SHORT[@]}" \

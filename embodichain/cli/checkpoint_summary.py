@@ -29,6 +29,11 @@ def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dic
     learner = _mapping(payload.get("learner"))
     config = run.get("config")
     ranks = _mapping(payload.get("ranks"))
+    shards = None
+    if "sharded" in payload:  # trainer.strategy: fsdp: read shard by shard
+        from embodichain.cli.sharded_summary import sharded_parts
+
+        learner, ranks, shards = sharded_parts(data, path)
     buffer_names = {name for state in ranks.values() if isinstance(state, Mapping)
                     for name in _mapping(state.get("buffers"))}
     recipe_hash = config_sha256(config) if isinstance(config, Mapping) else None
@@ -43,6 +48,8 @@ def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dic
         "created_at": run.get("created_at"),
         "step": manifest.get("step"),
         "world_size": manifest.get("world_size"),
+        "strategy": "fsdp" if shards is not None else "ddp",
+        "shards": shards,
         "factory": run.get("factory"),
         "config_sha256": manifest.get("config_sha256"),
         "config_matches_hash": recipe_hash == manifest.get("config_sha256"),

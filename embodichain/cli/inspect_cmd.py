@@ -68,6 +68,7 @@ def render(report: dict[str, Any]) -> None:
                   _tensor_table(report["model"]), _optimizer_table(report["optimizer"]),
                   _ema_table(report.get("ema")),
                   _ranks_table(report["ranks"], report["world_size"]),
+                  _shards_table(report.get("shards")),
                   _metrics_table(report["metrics"])):
         if table is not None:
             console.print(table)
@@ -122,6 +123,7 @@ def _identity_table(r: dict[str, Any]) -> Any:
     t.add_row("created", _text(r["created_at"]))
     t.add_row("step", _text(r["step"]))
     t.add_row("world size", _text(r["world_size"]))
+    t.add_row("strategy", _text(r.get("strategy", "ddp")))
     t.add_row("factory", _text(r["factory"]))
     match = "[green]matches the stored recipe[/]" if r["config_matches_hash"] \
         else "[red]does not match the stored recipe[/]"
@@ -226,6 +228,26 @@ def _ranks_table(ranks: dict[str, Any], world_size: Any) -> Any:
         drawn = f"{sampler.get('batches_drawn', '?')} batches" if sampler else "-"
         t.add_row(rank, mark(s["torch_rng"]), mark(s["cuda_rng"]), mark(s["python_rng"]),
                   mark(s["numpy_rng"]), drawn, str(s["buffers"]))
+    return t
+
+
+def _shards_table(shards: list[dict[str, Any]] | None) -> Any:
+    """A sharded checkpoint's shard files (trainer.strategy: fsdp), each verified."""
+    if shards is None:
+        return None
+    from rich.table import Table
+
+    bad = [s for s in shards if not s["verified"]]
+    caption = ("all shards verified against the manifest" if not bad else
+               f"[red]{len(bad)} shard(s) missing or damaged:[/] this checkpoint cannot be "
+               "resumed or exported")
+    t = Table(title="Shards", title_justify="left", caption=caption, caption_justify="left")
+    for name in ("rank", "file", "size", "host", "sha256", "verified"):
+        t.add_column(name, justify="right" if name in ("rank", "size") else "left")
+    for s in shards:
+        t.add_row(str(s["rank"]), _text(s["file"]), _bytes(int(s["bytes"] or 0)),
+                  _text(s["host"]), _text(str(s["sha256"])[:16]) + "...",
+                  "[green]yes[/]" if s["verified"] else f"[red]no:[/] {_text(s['problem'])}")
     return t
 
 

@@ -6,7 +6,8 @@ the checkpoint's digest), so that `model.load_state_dict(torch.load(path, weight
 is all a user needs. `ema=True` exports the exponential moving average instead, which a run
 with `trainer.ema` keeps under `payload.learner.ema` (a state_dict, or a mapping holding one
 under `model`); a checkpoint without one is refused rather than silently giving the raw
-weights.
+weights. A sharded checkpoint (`trainer.strategy: fsdp`) is consolidated in this one
+process: every shard verified against its manifest, the dim-0 shards concatenated.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import torch
 
 from embodichain.core.checkpoint.file import fsync_directory, read_checkpoint
 from embodichain.core.checkpoint.names import is_checkpoint_name
-from embodichain.core.errors import UsageError
+from embodichain.core.checkpoint.sharded import consolidated_model, is_sharded_checkpoint
+from embodichain.core.errors import CheckpointError, UsageError
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,17 @@ def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool 
         raise UsageError(f"{out} exists; nothing was written. Pass --force to replace it")
     if data is None:
         data = read_checkpoint(checkpoint)  # digest-verified, never runs code from the file
-    state = {k: v.detach().clone().contiguous() for k, v in
-             model_state(data, checkpoint, ema=ema).items()}
+    if is_sharded_checkpoint(data):  # every shard verified, then concatenated (R-SHARD-4)
+        try:
+            whole = consolidated_model(checkpoint, data, ema=ema)
+        except CheckpointError as exc:
+            if ema and "no EMA" in str(exc):
+                raise UsageError(f"{exc}; export without --ema for the model's own "
+                                 "weights") from None
+            raise
+    else:
+        whole = model_state(data, checkpoint, ema=ema)
+    state = {k: v.detach().clone().contiguous() for k, v in whole.items()}
     _save_atomically(state, out)
     return Exported(out, int(data["manifest"]["step"]), len(state),
                     sum(v.numel() for v in state.values()), ema)

@@ -269,6 +269,8 @@ def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
     what such a file holds).
     """
     ranks, world_size = data["payload"].get("ranks"), data["manifest"].get("world_size")
+    if "sharded" in data["payload"] and isinstance(data["payload"]["sharded"], dict):
+        ranks = data["payload"]["sharded"].get("shards")  # one shard file per rank
     if not isinstance(ranks, dict) or not isinstance(world_size, int):
         raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
     expected = set(range(world_size))

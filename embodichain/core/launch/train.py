@@ -228,6 +228,9 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
     if outcome.restore:
         common = {k: v for k, v in payload.items() if k != "ranks"} if payload else None
         common = process_group.broadcast_from_rank_zero(common)
+        if "sharded" in common:  # each rank reads its own shard file (R-SHARD-2)
+            trainer.restore(common)
+            return outcome
         parts = ([payload["ranks"][r] for r in range(process_group.world_size())]
                  if payload is not None else None)
         own = process_group.scatter_from_rank_zero(parts)

@@ -89,6 +89,14 @@ class EarlyStopConfig(Section):
     min_delta: NonNegativeFloat = 0.0
 
 
+class FsdpConfig(Section):
+    """`trainer.fsdp` (SPEC §13): options of `trainer.strategy: fsdp`."""
+
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward and gather them again for
+    backward (less memory, one more all-gather per block)."""
+
+
 class TrainerConfig(Section):
     batch_size: PositiveInt
     """Examples per worker per update; the global batch is `batch_size * world_size`."""
@@ -141,6 +149,12 @@ class TrainerConfig(Section):
     sampling: Literal["with_replacement", "epochs"] = "with_replacement"
     """`with_replacement`: each rank draws independently (R-DIST-4); `epochs`: a seeded
     permutation per epoch dealt out disjointly to the ranks, the remainder dropped."""
+    # -- sharding (R-SHARD-1): core/distributed/sharding.py, core/checkpoint/sharded.py --
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """`ddp`: every rank holds the whole model; `fsdp`: parameters, gradients and optimizer
+    state sharded over the ranks with FSDP2, each rank saving its own shard."""
+    fsdp: FsdpConfig | None = None
+    """Options of `strategy: fsdp` (null: the defaults)."""
 
 
 class OptimizerConfig(Section):
@@ -228,6 +242,7 @@ RESUMABLE_CHANGES = (
     # How batches are loaded, not which: the same batches come for any value (R-DATA-1).
     "trainer.data_workers",
     "trainer.prefetch",
+    "trainer.fsdp",  # reshard_after_forward: memory against communication, same update
 )
 
 # Training configuration added after checkpoints existed (R-LOOP-*): a checkpoint whose
@@ -237,6 +252,7 @@ DEFAULTS_OF_LATER_KEYS: dict[str, Any] = {
     "trainer.compile": False, "optimizer.betas": None, "optimizer.eps": None,
     "optimizer.momentum": None, "optimizer.nesterov": False, "optimizer.no_decay": [],
     "trainer.sampling": "with_replacement", "trainer.early_stop": None,
+    "trainer.strategy": "ddp", "trainer.fsdp": None,
 }
 
 

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from embodichain.core.checkpoint.file import check_rank_entries, read_checkpoint
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.checkpoint.names import LAST, step_files
+from embodichain.core.checkpoint.sharded import check_shards_here, payload_to_restore
 from embodichain.core.errors import RefusedError
 from embodichain.core.recipe.best import patience_problems, stopped_early
 from embodichain.core.recipe.schema import (
@@ -197,6 +198,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     else:
         data = read_checkpoint(checkpoint)
     check_rank_entries(data, checkpoint)
+    check_shards_here(data, checkpoint)
     snapshot = Snapshot(checkpoint, data)
     again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
@@ -211,7 +213,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
     prepared = _fresh(identity, directory, lock)
-    return Prepared(prepared.identity, data["payload"], continued=True,
+    return Prepared(prepared.identity, payload_to_restore(data, checkpoint), continued=True,
                     claimed=prepared.claimed)
 
 
@@ -291,6 +293,7 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
                                                                         identity, again))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
+        check_shards_here(snapshot.data, snapshot.path)
         _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
     return _continue(snapshot, identity, directory, run_json)
 
@@ -349,7 +352,8 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
     continued = {**identity, "run_id": run_json.get("run_id"),
                  "created_at": run_json.get("created_at"),
                  "resumed_from": run_json.get("resumed_from")}
-    payload = snapshot.data["payload"] if snapshot is not None else None
+    payload = (payload_to_restore(snapshot.data, snapshot.path) if snapshot is not None
+               else None)
     return Prepared(continued, payload, continued=True, notes=tuple(notes))
 
 

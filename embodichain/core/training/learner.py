@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from embodichain.core.distributed import sharding
 from embodichain.core.distributed.process_group import is_distributed
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.core.training.ema import Ema
@@ -39,6 +40,7 @@ from embodichain.core.training.param_groups import (
     build_param_groups,
 )
 from embodichain.core.training.precision import Precision, autocast, compiled
+from embodichain.core.training.sharded_ema import ShardedEma
 
 Batch = dict[str, torch.Tensor]
 
@@ -133,26 +135,39 @@ class Learner:
         param_groups: ParamGroups | None = None,
         ema_decay: float | None = None,
         compile: bool = False,
+        strategy: str = "ddp",
+        shard_blocks: Sequence[nn.Module] = (),
+        reshard_after_forward: bool = True,
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
+        self.strategy = strategy
         self.model = model.to(device).train()  # validation switches back after eval()
+        self._owns_group = False
+        if strategy == "fsdp":  # R-SHARD-1: parameters become DTensor shards, in place
+            self._owns_group = sharding.one_rank_group(device)
+            param_groups = _sharded(self.model, device, param_groups, shard_blocks,
+                                    precision, reshard_after_forward)
+            compile = False  # refused before (trainer), kept off here
         self.optimizer = build_optimizer(
             build_param_groups(self.model, optimizer, param_groups), optimizer)
         self.grad_clip = optimizer.grad_clip
         self.base_lr = optimizer.lr
         self._lr_factor = lr_factor(scheduler, optimizer.lr, max_updates)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.ema = Ema(self.model, ema_decay) if ema_decay is not None else None
+        self.ema: Ema | ShardedEma | None = None
+        if ema_decay is not None:
+            self.ema = (ShardedEma(self.model, ema_decay) if self.sharded
+                        else Ema(self.model, ema_decay))
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         self._reduce = _ReduceState(dist.group.WORLD if is_distributed() else None)
         # Compiled, the model trains through the compiled module; `self.model` (saved,
         # validated, averaged) stays the plain one, sharing its parameters.
         self.wrapped: nn.Module = compiled(self.model, device) if compile else self.model
         self._ddp: DistributedDataParallel | None = None
-        if is_distributed():
+        if is_distributed() and not self.sharded:
             ddp = DistributedDataParallel(
                 self.wrapped,
                 device_ids=[device] if device.type == "cuda" else None,
@@ -164,6 +179,11 @@ class Learner:
             self.wrapped = self._ddp = ddp
         self.metric_names: list[str] | None = None
         self._flag_values = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded with FSDP2 (`trainer.strategy: fsdp`)."""
+        return self.strategy == "fsdp"
 
     @property
     def lr(self) -> float:
@@ -203,6 +223,8 @@ class Learner:
         Only the last backward synchronises: the comm hook then all-reduces the gradients
         accumulated over all micro-batches with their summed statistics and the flags.
         """
+        if self.sharded:
+            return self._accumulate_sharded(objective, micro_batches, flags)
         count = len(micro_batches)
         summed = None
         for k in range(count):
@@ -223,6 +245,28 @@ class Learner:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             torch._foreach_div_(grads, weight)
         return self._reduce.reduced.tolist()
+
+    def _accumulate_sharded(self, objective: Objective, micro_batches: Sequence[Batch],
+                            flags: tuple[float, float]) -> list[float]:
+        """Under FSDP2: every backward but the last accumulates locally; the last one
+        reduce-scatters the summed gradients (SUM). The statistics and flags then take one
+        small all-reduce of their own, and each gradient shard is divided by the global
+        weight: the same update as DDP's (R-SHARD-1). Mixed precision is FSDP2's policy, so
+        there is no autocast."""
+        count = len(micro_batches)
+        summed = None
+        for k in range(count):
+            last = k == count - 1
+            sharding.set_gradient_sync(self.model, last)
+            result = check_loss_result(objective(self.wrapped, micro_batches[k]), objective)
+            local = self._local_statistics(result)
+            summed = local if summed is None else summed + local
+            (result.loss.float() * local[0]).backward()
+        totals = torch.cat([summed, self._flags(flags)])
+        dist.all_reduce(totals)
+        sharding.divide_gradients(self.model.parameters(), totals[0])
+        self._reduce.reduced = totals
+        return totals.tolist()
 
     def _local_statistics(self, result: LossResult) -> torch.Tensor:
         """`[w, w * loss, w * metric...]` of one micro-batch."""
@@ -252,7 +296,13 @@ class Learner:
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Model (unwrapped), optimizer, schedule and scaler state: identical on every rank."""
+        """Model (unwrapped), optimizer, schedule and scaler state: identical on every rank.
+
+        Sharded, only the schedule and scaler (identical on every rank): the model,
+        optimizer and EMA are each rank's own shards (checkpoint/sharded.py)."""
+        if self.sharded:
+            return {"scheduler": self.scheduler.state_dict(),
+                    "grad_scaler": self.scaler.state_dict()}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -262,6 +312,11 @@ class Learner:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self.sharded:
+            self.scheduler.load_state_dict(state["scheduler"])
+            if state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
+            return
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -279,3 +334,28 @@ class Learner:
         self.wrapped = self.model
         self._ddp = None
         self._reduce = _ReduceState(None)
+        if self._owns_group:  # a sharded run in one process: its one-rank group
+            self._owns_group = False
+            dist.destroy_process_group()
+
+
+def _sharded(model: nn.Module, device: torch.device, param_groups: ParamGroups | None,
+             blocks: Sequence[nn.Module], precision: str, reshard_after_forward: bool
+             ) -> list[dict[str, Any]] | None:
+    """Shard `model` with FSDP2 (its parameters are replaced by DTensor shards); the
+    factory's parameter groups, which name the old parameters, rebuilt on the new ones."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_name = []
+    for i, group in enumerate(param_groups or ()):
+        params = list(group.get("params", ()))
+        unknown = [p for p in params if id(p) not in names]
+        if unknown:
+            raise ValueError(f"param_groups[{i}] holds a tensor that is not a parameter of "
+                             "the model")
+        by_name.append((group, [names[id(p)] for p in params]))
+    sharding.shard_model(model, device, blocks=blocks, precision=precision,
+                         reshard_after_forward=reshard_after_forward)
+    now = dict(model.named_parameters())
+    if param_groups is None:
+        return None
+    return [{**group, "params": [now[n] for n in listed]} for group, listed in by_name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,11 @@ from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
+from embodichain.core.training.sharded_checkpointing import (
+    ShardedCheckpointing,
+    check_strategy,
+    restore_sharded,
+)
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
@@ -61,6 +67,7 @@ class SupervisedTrainer:
         precision: Precision | None = None,
         param_groups: ParamGroups | None = None,
         best: Best | tuple[str, str] | None = None,
+        shard_blocks: Sequence[nn.Module] = (),
     ) -> None:
         self.config = config
         self.device = device
@@ -76,10 +83,14 @@ class SupervisedTrainer:
             # the factory's own callbacks keep their checkpoint keys whether or not it is on.
             self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         t = config.trainer
+        check_strategy(config)
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
-                               ema_decay=t.ema.decay if t.ema is not None else None)
+                               ema_decay=t.ema.decay if t.ema is not None else None,
+                               strategy=t.strategy, shard_blocks=shard_blocks,
+                               reshard_after_forward=t.fsdp is None
+                               or t.fsdp.reshard_after_forward)
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler = rank_sampler(config, source)
@@ -89,7 +100,9 @@ class SupervisedTrainer:
         self.last_metrics: dict[str, float] = {}
         # Saves go through one writer (rank 0 writes; in the background unless async_save
         # is off), also those of validation callbacks (R-CKPT-8, R-VAL-2).
-        self.checkpoints = Checkpointing(t, device)
+        # Sharded (trainer.strategy: fsdp): every rank writes its own shard (R-SHARD-2).
+        self.checkpoints = (ShardedCheckpointing(t, device) if self.learner.sharded
+                            else Checkpointing(t, device))
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
         self.run_opener: Callable[[SupervisedTrainer, bool, StopRequest | None],
@@ -245,6 +258,9 @@ class SupervisedTrainer:
                 except Exception as exc:
                     failure = f"{type(exc).__name__}: {exc}"
                     log.exception("validation failed at update %d", self.step)
+            elif self.learner.sharded:  # the sharded forward is collective: every rank runs it
+                with contextlib.suppress(Exception):  # rank 0 reports a failure
+                    self._evaluate()
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
         # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
         outcome = process_group.raise_if_rank_zero_failed(
@@ -286,6 +302,8 @@ class SupervisedTrainer:
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
+        if "sharded" in payload and not self.learner.sharded:
+            restore_sharded(self, payload, self.device)  # refuses, naming the strategy
         self.checkpoints.restore(self, payload)
 
     def attach(self, run: RunContext) -> None:
@@ -295,6 +313,8 @@ class SupervisedTrainer:
         """Release the DDP wrapper and close the metrics file (before the group goes)."""
         self.checkpoints.settle()  # the writer's thread fsyncs metrics.jsonl: first
         self.loader.close()  # data workers end with the run
+        if isinstance(self.checkpoints, ShardedCheckpointing):
+            self.checkpoints.release()  # its group goes before the default one
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()

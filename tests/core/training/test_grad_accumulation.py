@@ -168,7 +168,8 @@ def test_checkpoints_from_before_the_new_keys_still_resume() -> None:
                                     if k not in ("grad_accumulation", "ema", "precision",
                                                  "compile", "sampling", "early_stop", "best",
                                                  "async_save", "save_every_s",
-                                                 "data_workers", "prefetch")},
+                                                 "data_workers", "prefetch", "strategy",
+                                                 "fsdp")},
              "optimizer": {"name": "adam", "lr": 0.001, "weight_decay": 0.0,
                            "grad_clip": None}}
     assert config_differences(saved, current, 0) == []

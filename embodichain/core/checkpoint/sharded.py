@@ -1,0 +1,300 @@
+"""Sharded checkpoints (`trainer.strategy: fsdp`, R-SHARD-2..4): one shard file per rank, and
+a manifest naming every shard with its digest, published last.
+
+Layout in the run directory (`step_N.pt`, `last.pt`, `best.pt` are manifests):
+
+    step_40.pt                         manifest: run identity, config, schedule, callbacks,
+                                       and the shard table {rank: file, sha256, bytes, host}
+    shards/step_40.<token>.rank_0.pt   rank 0's shard: its local shards of the model,
+    shards/step_40.<token>.rank_1.pt   optimizer and EMA, placement metadata, its RNG
+                                       streams, sampler and buffers
+
+Both kinds are ordinary embodichain checkpoint files (file.py): a `torch.save` dict with a
+manifest and a payload digest recomputed on load, written atomically, always loaded with
+`weights_only=True`. The manifest is written only once every rank's shard is durable, so a
+SIGKILL at any moment leaves each published checkpoint complete: a shard without a manifest
+is never read, and is deleted by the next save of its rank. The token makes every save's
+shard names unique, so no save ever replaces a file that a published manifest names.
+
+Why not torch's distributed checkpoint (DCP): its metadata file is unpickled without
+`weights_only` (loading could run code from the file), it has no digests, and it writes a
+value saved under one key by all ranks only once (per-rank RNG and sampler state would need
+keys by rank). A shard here holds only local tensors and plain values; consolidating one
+into a full `state_dict` (export) concatenates the dim-0 shards in rank order.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint
+from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+
+STRATEGY = "fsdp"
+SHARDS_DIR = "shards"
+SHARD_DIRECTORY = "directory"  # set on load: where this manifest's shards are (its folder)
+
+
+def local(tensor: Any) -> Any:
+    """A DTensor's local shard (a view of its storage); anything else itself."""
+    return tensor.to_local() if _is_dtensor(tensor) else tensor
+
+
+def shard_relpath(step: int, token: str, rank: int) -> str:
+    """A shard's path relative to the run directory (unique per save by `token`)."""
+    return f"{SHARDS_DIR}/step_{step}.{token}.rank_{rank}.pt"
+
+
+def is_sharded_checkpoint(data: Mapping[str, Any]) -> bool:
+    """Whether a verified checkpoint dict is a sharded manifest."""
+    return isinstance(data.get("payload"), Mapping) and "sharded" in data["payload"]
+
+
+def payload_to_restore(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
+    """A verified checkpoint's payload to restore; a sharded one also says where its shards
+    are (the manifest's directory: on every node, that node's copy of it)."""
+    payload = data["payload"]
+    if not is_sharded_checkpoint(data):
+        return payload
+    return {**payload, "sharded": {**payload["sharded"],
+                                   SHARD_DIRECTORY: str(Path(path).resolve().parent)}}
+
+
+# ----------------------------------------------------------------------------------------
+# A rank's shard: capture and restore
+
+
+def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer,
+                ema: Mapping[str, torch.Tensor] | None, rank_state: Mapping[str, Any]
+                ) -> dict[str, Any]:
+    """This rank's part of the training state (live tensors: stage a copy before writing).
+
+    `model` is FSDP2-sharded: its state_dict holds DTensors, of which the local shard is
+    kept with the global shape. Optimizer state mirrors the parameters' sharding.
+    """
+    model_state, placements = {}, {}
+    for name, value in model.state_dict().items():
+        model_state[name] = local(value)
+        placements[name] = _placement(value)
+    optim = optimizer.state_dict()
+    sharded_keys: dict[int, list[str]] = {}
+    state: dict[int, dict[str, Any]] = {}
+    for index, entry in optim["state"].items():
+        state[index] = {}
+        for key, value in entry.items():
+            if _is_dtensor(value):
+                sharded_keys.setdefault(index, []).append(key)
+            state[index][key] = local(value) if isinstance(value, torch.Tensor) else value
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {
+        "model": model_state,
+        "placements": placements,
+        "optimizer": {"state": state, "param_groups": optim["param_groups"],
+                      "sharded_keys": sharded_keys,
+                      # optimizer index -> parameter name, for readers (inspect)
+                      "param_names": [names.get(id(p), "") for g in optimizer.param_groups
+                                      for p in g["params"]]},
+        "ema": dict(ema) if ema is not None else None,
+        "rank_state": dict(rank_state),
+    }
+
+
+def _is_dtensor(value: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, DTensor)
+
+
+def _placement(value: Any) -> dict[str, Any]:
+    if not _is_dtensor(value):
+        return {"kind": "replicated", "global_shape": list(value.shape)}
+    from torch.distributed.tensor import Shard
+
+    dim0 = len(value.placements) == 1 and isinstance(value.placements[0], Shard) \
+        and value.placements[0].dim == 0
+    return {"kind": "shard0" if dim0 else "other",
+            "placements": [repr(p) for p in value.placements],
+            "global_shape": list(value.shape)}
+
+
+def restore_shard(model: nn.Module, optimizer: torch.optim.Optimizer,
+                  shard: Mapping[str, Any]) -> None:
+    """Load this rank's saved local shards into the sharded model and its optimizer."""
+    saved = shard["model"]
+    own = model.state_dict()
+    if set(own) != set(saved):
+        raise CheckpointError(f"the model's tensors differ from the checkpoint's: model "
+                              f"{sorted(set(own) - set(saved))[:5]} not saved, checkpoint "
+                              f"{sorted(set(saved) - set(own))[:5]} not in the model")
+    with torch.no_grad():
+        for name, value in own.items():
+            target = local(value)
+            if tuple(target.shape) != tuple(saved[name].shape):
+                raise CheckpointError(f"{name}: this rank's shard is {tuple(target.shape)}, "
+                                      f"the checkpoint's {tuple(saved[name].shape)}")
+            target.copy_(saved[name])
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    optim = shard["optimizer"]
+    state: dict[int, dict[str, Any]] = {}
+    for index, entry in optim["state"].items():
+        param = params[int(index)]
+        sharded = set(optim["sharded_keys"].get(index, ()))
+        state[index] = {key: _as_param_shard(value, param) if key in sharded else value
+                        for key, value in entry.items()}
+    optimizer.load_state_dict({"state": state, "param_groups": optim["param_groups"]})
+
+
+def _as_param_shard(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(value.to(local(param).device), param.device_mesh,
+                              param.placements, run_check=False, shape=param.shape,
+                              stride=param.stride())
+
+
+# ----------------------------------------------------------------------------------------
+# Files: a shard, the manifest
+
+
+def shard_checkpoint(run: Mapping[str, Any], rank: int, state: Mapping[str, Any]
+                     ) -> dict[str, Any]:
+    """A shard as a self-verifying checkpoint dict (`run`: step, run_id, world_size,
+    config_sha256)."""
+    payload = {"run": {k: run[k] for k in ("step", "run_id", "world_size", "config_sha256")}
+               | {"rank": rank, "strategy": STRATEGY}, **state}
+    return make_checkpoint(payload)
+
+
+def shard_entry(checkpoint: Mapping[str, Any], relpath: str, size: int) -> dict[str, Any]:
+    """The manifest's line for a written shard."""
+    return {"file": relpath, "sha256": checkpoint["manifest"]["payload_sha256"],
+            "bytes": int(size), "host": socket.gethostname()}
+
+
+def manifest_checkpoint(payload: dict[str, Any], shards: Mapping[int, Mapping[str, Any]]
+                        ) -> dict[str, Any]:
+    """The manifest: `payload` (run, learner's replicated state, callbacks) plus the shard
+    table, under one digest."""
+    world_size = int(payload["run"]["world_size"])
+    if sorted(shards) != list(range(world_size)):
+        raise ValueError(f"a manifest needs one shard per rank, got ranks {sorted(shards)}")
+    checkpoint = make_checkpoint({**payload, "sharded": {
+        "strategy": STRATEGY, "world_size": world_size,
+        "shards": {int(r): dict(shards[r]) for r in range(world_size)}}})
+    checkpoint["manifest"]["strategy"] = STRATEGY
+    return checkpoint
+
+
+def shard_table(data: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(r): dict(e) for r, e in data["payload"]["sharded"]["shards"].items()}
+
+
+def read_shard(directory: Path, data: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    """Rank `rank`'s shard named by manifest `data`, verified against it (its own digest,
+    the manifest's record of it, and the step and run it belongs to)."""
+    entry = shard_table(data)[rank]
+    path = directory / entry["file"]
+    if not path.is_file():
+        raise CheckpointError(f"shard of rank {rank} is missing: {path} (written on host "
+                              f"{entry.get('host')})")
+    try:
+        shard = read_checkpoint(path)
+    except CheckpointError as exc:
+        raise type(exc)(f"shard of rank {rank} (written on host {entry.get('host')}): "
+                        f"{exc}") from None
+    if shard["manifest"]["payload_sha256"] != entry["sha256"]:
+        raise CheckpointCorruptError(
+            f"shard of rank {rank} ({path}) does not match the manifest's digest of it "
+            f"(recorded {entry['sha256'][:16]}..., "
+            f"file {shard['manifest']['payload_sha256'][:16]}...)")
+    run, mine = data["payload"]["run"], shard["payload"]["run"]
+    for key in ("step", "run_id", "world_size", "config_sha256"):
+        if run.get(key) != mine.get(key):
+            raise CheckpointCorruptError(f"shard of rank {rank} ({path}) belongs to another "
+                                         f"checkpoint: {key} {mine.get(key)!r}, manifest "
+                                         f"{run.get(key)!r}")
+    if mine.get("rank") != rank:
+        raise CheckpointCorruptError(f"{path} holds the shard of rank {mine.get('rank')}, "
+                                     f"not {rank}")
+    return shard
+
+
+def check_shard(directory: Path, data: Mapping[str, Any], rank: int) -> str | None:
+    """None when rank `rank`'s shard verifies, else what is wrong with it (one line)."""
+    try:
+        read_shard(directory, data, rank)
+    except CheckpointError as exc:
+        return str(exc)
+    return None
+
+
+def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
+    """Before a resume changes anything (rank 0): every shard this machine can see verifies,
+    and none written on this host is missing; refuses naming each bad shard and its host.
+    Shards written on other hosts and absent here are checked by their ranks at restore."""
+    if not is_sharded_checkpoint(data):
+        return
+    here, problems = socket.gethostname(), []
+    for rank, entry in sorted(shard_table(data).items()):
+        if not (Path(path).parent / entry["file"]).is_file() and entry.get("host") != here:
+            continue
+        problem = check_shard(Path(path).parent, data, rank)
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        raise CheckpointError(f"cannot resume from the sharded checkpoint {path}: "
+                              + "; ".join(problems) + ". Nothing was changed.")
+
+
+def check_compatible(data: Mapping[str, Any], path: Path | str, strategy: str,
+                     world_size: int) -> None:
+    """Refuse a checkpoint of another strategy or world size, naming the difference."""
+    saved = data["payload"]["sharded"]["strategy"] if is_sharded_checkpoint(data) else "ddp"
+    saved_world = int(data["manifest"]["world_size"])
+    problems = []
+    if saved != strategy:
+        problems.append(f"trainer.strategy: checkpoint {saved}, this run {strategy}")
+    if saved_world != world_size:
+        problems.append(f"world size: checkpoint {saved_world}, this run {world_size}")
+    if problems:
+        raise CheckpointError(f"{path} cannot be restored here: " + "; ".join(problems)
+                              + " (resuming with another strategy or world size is not "
+                              "supported)")
+
+
+# ----------------------------------------------------------------------------------------
+# Consolidation (export), in one process
+
+
+def consolidated_model(path: Path, data: Mapping[str, Any], *, ema: bool = False
+                       ) -> dict[str, torch.Tensor]:
+    """The full model (or EMA) state_dict of sharded manifest `data` at `path`, from every
+    verified shard: dim-0 shards concatenated in rank order."""
+    directory = path.parent
+    world_size = int(data["manifest"]["world_size"])
+    shards = [read_shard(directory, data, r)["payload"] for r in range(world_size)]
+    key = "ema" if ema else "model"
+    if ema and shards[0].get("ema") is None:
+        raise CheckpointError(f"{path} holds no EMA weights (the run had no trainer.ema)")
+    placements = shards[0]["placements"]
+    full: dict[str, torch.Tensor] = {}
+    for name, placement in placements.items():
+        parts = [s[key][name] for s in shards]
+        shape = tuple(placement["global_shape"])
+        if placement["kind"] == "replicated":
+            full[name] = parts[0].clone()
+        elif placement["kind"] == "shard0":
+            full[name] = torch.cat(parts, dim=0) if shape else parts[0].clone()
+        else:
+            raise CheckpointError(f"{path}: {name} is sharded as {placement['placements']}; "
+                                  "only dim-0 shards can be consolidated")
+        if tuple(full[name].shape) != shape:
+            raise CheckpointCorruptError(f"{path}: the shards of {name} make "
+                                         f"{tuple(full[name].shape)}, expected {shape}")
+    return full
