@@ -93,7 +93,7 @@ class Checkpointing:
         Collective, except while `committed()` is open (a validation callback on rank 0):
         then the state committed before validation is written without any collective.
         """
-        run = _require_run(trainer)
+        run = require_run(trainer)
         also_last = step_of(path.name) is not None and path.parent == run.directory
         if self._committed is not None:
             self._write(trainer, self._committed, path, also_last)
@@ -142,7 +142,7 @@ class Checkpointing:
 
     def _write(self, trainer: Checkpointed, committed: CommittedState, path: Path,
                also_last: bool) -> None:
-        run = _require_run(trainer)
+        run = require_run(trainer)
         payload = {
             "run": {**run.identity, "step": committed.step,
                     "metrics": dict(trainer.last_metrics),
@@ -169,19 +169,26 @@ class Checkpointing:
 
     def restore(self, trainer: Checkpointed, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
-        mine = payload["ranks"][process_group.rank()]
         trainer.learner.load_state_dict(payload["learner"])
-        trainer.sampler.load_state_dict(mine["sampler"])
-        restore_buffers(trainer.learner.model, mine["buffers"])
-        restore_rng(mine["rng"], self.device)
-        saved = payload.get("callbacks") or {}
-        for key, callback in keyed_callbacks(trainer):
-            state = saved.get(key)
-            if state is not None and hasattr(callback, "load_state_dict"):
-                callback.load_state_dict(state)
-        trainer.step = int(payload["run"]["step"])
-        trainer.last_metrics = dict(payload["run"].get("metrics") or {})
-        trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
+        restore_rank_and_run(trainer, payload["ranks"][process_group.rank()], payload,
+                             self.device)
+
+
+def restore_rank_and_run(trainer: Checkpointed, mine: Mapping[str, Any],
+                         payload: Mapping[str, Any], device: torch.device) -> None:
+    """This rank's own state (`mine`: sampler, buffers, RNG streams), the callbacks' and the
+    run's (step, last metrics, best-metric standing), after the learner's is loaded."""
+    trainer.sampler.load_state_dict(mine["sampler"])
+    restore_buffers(trainer.learner.model, mine["buffers"])
+    restore_rng(mine["rng"], device)
+    saved = payload.get("callbacks") or {}
+    for key, callback in keyed_callbacks(trainer):
+        state = saved.get(key)
+        if state is not None and hasattr(callback, "load_state_dict"):
+            callback.load_state_dict(state)
+    trainer.step = int(payload["run"]["step"])
+    trainer.last_metrics = dict(payload["run"].get("metrics") or {})
+    trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
 
 
 def keyed_callbacks(trainer: Checkpointed) -> list[tuple[str, Any]]:
@@ -190,8 +197,9 @@ def keyed_callbacks(trainer: Checkpointed) -> list[tuple[str, Any]]:
     return [(f"{i}:{type(cb).__qualname__}", cb) for i, cb in enumerate(trainer.callbacks)]
 
 
-def _require_run(trainer: Checkpointed) -> RunContext:
+def require_run(trainer: Checkpointed) -> RunContext:
     if trainer.run is None:
-        raise RuntimeError("no run directory attached; launch through `embodichain "
-                           "train-sl` or call trainer.attach(...) first")
+        raise RuntimeError("no run directory attached: build the trainer with "
+                           "embodichain.learning.sl.build_trainer(recipe, device) (or "
+                           "launch through `embodichain train-sl`)")
     return trainer.run

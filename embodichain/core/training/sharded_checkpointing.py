@@ -27,8 +27,6 @@ from embodichain.core.checkpoint.names import LAST, step_of
 from embodichain.core.checkpoint.rank_state import (
     capture_buffers,
     capture_rng,
-    restore_buffers,
-    restore_rng,
 )
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
@@ -46,8 +44,9 @@ from embodichain.core.recipe.schema import FrameworkConfig, TrainerConfig
 from embodichain.core.training.checkpointing import (
     Checkpointed,
     Checkpointing,
-    RunContext,
     keyed_callbacks,
+    require_run,
+    restore_rank_and_run,
 )
 
 
@@ -66,7 +65,7 @@ class ShardedCheckpointing(Checkpointing):
         if self._validating:
             self._deferred.append(path)
             return path
-        run = _require_run(trainer)
+        run = require_run(trainer)
         also_last = step_of(path.name) is not None and path.parent == run.directory
         failure = self.writer.settle()  # one in flight at most; every rank learnt its end
         if failure is None:
@@ -95,7 +94,7 @@ class ShardedCheckpointing(Checkpointing):
     def _write_sharded(self, trainer: Checkpointed, path: Path, also_last: bool) -> None:
         token = process_group.broadcast_from_rank_zero(
             secrets.token_hex(4) if process_group.is_rank_zero() else None)
-        run = _require_run(trainer)
+        run = require_run(trainer)
         learner, rank = trainer.learner, process_group.rank()
         identity = {"step": trainer.step, "run_id": run.identity.get("run_id"),
                     "world_size": process_group.world_size(),
@@ -165,26 +164,7 @@ def restore_sharded(trainer: Checkpointed, payload: Mapping[str, Any],
             raise CheckpointError("the checkpoint holds no EMA weights (trained without "
                                   "trainer.ema)")
         learner.ema.load_state_dict(shard["ema"])
-    mine = shard["rank_state"]
-    trainer.sampler.load_state_dict(mine["sampler"])
-    restore_buffers(learner.model, mine["buffers"])
-    restore_rng(mine["rng"], device)
-    saved = payload.get("callbacks") or {}
-    for key, callback in keyed_callbacks(trainer):
-        state = saved.get(key)
-        if state is not None and hasattr(callback, "load_state_dict"):
-            callback.load_state_dict(state)
-    trainer.step = int(payload["run"]["step"])
-    trainer.last_metrics = dict(payload["run"].get("metrics") or {})
-    trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
-
-
-def _require_run(trainer: Checkpointed) -> RunContext:
-    if trainer.run is None:
-        raise RuntimeError("no run directory attached; launch through `embodichain "
-                           "train-sl` or call trainer.attach(...) first")
-    return trainer.run
-
+    restore_rank_and_run(trainer, shard["rank_state"], payload, device)
 
 def check_strategy(config: FrameworkConfig) -> None:
     """What `trainer.strategy: fsdp` cannot be combined with yet (refused, exit 2)."""

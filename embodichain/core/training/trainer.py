@@ -27,7 +27,12 @@ from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.snapshots import where_to_continue
 from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
-from embodichain.core.training.checkpointing import Checkpointing, CommittedState, RunContext
+from embodichain.core.training.checkpointing import (
+    Checkpointing,
+    CommittedState,
+    RunContext,
+    require_run,
+)
 from embodichain.core.training.ema import validation_models
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.nonfinite import stop_message
@@ -115,7 +120,7 @@ class SupervisedTrainer:
 
     @property
     def run_directory(self) -> Path:
-        return self._require_run().directory
+        return require_run(self).directory
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -131,7 +136,7 @@ class SupervisedTrainer:
             opener, self.run_opener = self.run_opener, None
             return opener(self, show_progress, stop)
         t = self.config.trainer
-        run = self._require_run()
+        run = require_run(self)
         rank_zero = process_group.is_rank_zero()
         if rank_zero:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
@@ -225,14 +230,14 @@ class SupervisedTrainer:
         if self.config.trainer.on_nonfinite == "stop":
             self.checkpoints.settle()  # a snapshot in flight is the last good one: named
             # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
-            directory = self._require_run().directory if process_group.is_rank_zero() \
+            directory = require_run(self).directory if process_group.is_rank_zero() \
                 else None
             raise TrainingError(stop_message(self.step, result.loss, directory))
 
     def _record(self, values: Mapping[str, Any]) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
         self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
-        run = self._require_run()
+        run = require_run(self)
         if run.metrics is not None:
             run.metrics.write({"step": self.step, **values})
 
@@ -318,13 +323,6 @@ class SupervisedTrainer:
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()
-
-    def _require_run(self) -> RunContext:
-        if self.run is None:
-            raise RuntimeError("no run directory attached: build the trainer with "
-                               "embodichain.learning.sl.build_trainer(recipe, device) (or "
-                               "launch through `embodichain train-sl`)")
-        return self.run
 
 
 __all__ = ["CommittedState", "Evaluate", "RunContext", "SupervisedTrainer"]
