@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
+from common import wide_mlp, wide_mlp_schema
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -38,34 +39,13 @@ STATS_ENV = "EMBODICHAIN_BENCH_STATS"
 
 # -- the factory, run inside each `train-sl` subprocess -------------------------------------------
 
-def _schema():
-    from embodichain.learning.sl import Section
-    from embodichain.plugins.sl_ddp_schema import DataConfig
-
-    class Model(Section):
-        width: int
-        depth: int
-
-    class BenchConfig(Section):
-        model: Model
-        data: DataConfig
-
-    return BenchConfig
-
-
 def build_supervised_trainer(config, device):
     import atexit
-
-    from torch import nn
 
     from embodichain.learning.sl import SupervisedTrainer, TensorSource
     from embodichain.plugins import sl_ddp
 
-    width, depth = config.model.width, config.model.depth
-    layers: list[nn.Module] = [nn.Linear(4, width), nn.Tanh()]
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    model = nn.Sequential(*layers, nn.Linear(width, 2))
+    model = wide_mlp(config.model.width, config.model.depth)
     source = TensorSource(sl_ddp.make_corpus(config.data.train_size, config.data.seed))
     trainer = SupervisedTrainer(config, model=model, source=source,
                                 objective=sl_ddp.masked_mse, device=device)
@@ -105,7 +85,7 @@ def build_supervised_trainer(config, device):
     return trainer
 
 
-build_supervised_trainer.config_schema = _schema()
+build_supervised_trainer.config_schema = wide_mlp_schema()
 
 
 # -- the harness ----------------------------------------------------------------------------------

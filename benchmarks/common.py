@@ -56,3 +56,32 @@ def child_pids(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 found.append(int(entry.name))
     return found
+
+
+# -- a wide MLP recipe for the checkpoint benchmarks (async_save.py, fsdp.py) ----------------
+
+
+def wide_mlp_schema():
+    """The recipe sections of a benchmark factory: `model: {width, depth}` and sl_ddp's data."""
+    from embodichain.learning.sl import Section
+    from embodichain.plugins.sl_ddp_schema import DataConfig
+
+    class Model(Section):
+        width: int
+        depth: int
+
+    class BenchConfig(Section):
+        model: Model
+        data: DataConfig
+
+    return BenchConfig
+
+
+def wide_mlp(width: int, depth: int):
+    """4 -> width -> ... (depth hidden layers) -> 2, with Tanh: sl_ddp's model, made large."""
+    from torch import nn
+
+    layers: list[nn.Module] = [nn.Linear(4, width), nn.Tanh()]
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(width, 2))

@@ -33,26 +33,12 @@ import time
 from pathlib import Path
 
 import yaml
+from common import wide_mlp, wide_mlp_schema
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WIDTH, DEPTH = 4096, 6
 STATS_ENV = "EMBODICHAIN_BENCH_STATS"
-
-
-def _schema():
-    from embodichain.learning.sl import Section
-    from embodichain.plugins.sl_ddp_schema import DataConfig
-
-    class Model(Section):
-        width: int
-        depth: int
-
-    class BenchConfig(Section):
-        model: Model
-        data: DataConfig
-
-    return BenchConfig
 
 
 def build_supervised_trainer(config, device):
@@ -65,11 +51,8 @@ def build_supervised_trainer(config, device):
     from embodichain.learning.sl import SupervisedTrainer, TensorSource
     from embodichain.plugins import sl_ddp
 
-    width, depth = config.model.width, config.model.depth
-    layers: list[nn.Module] = [nn.Linear(4, width), nn.Tanh()]
-    for _ in range(depth):
-        layers += [nn.Linear(width, width), nn.Tanh()]
-    model = nn.Sequential(*layers, nn.Linear(width, 2))
+    width = config.model.width
+    model = wide_mlp(width, config.model.depth)
     blocks = [m for m in model if isinstance(m, nn.Linear) and m.in_features == width
               and m.out_features == width]
     parameters = sum(p.numel() for p in model.parameters())
@@ -112,7 +95,7 @@ def build_supervised_trainer(config, device):
     return trainer
 
 
-build_supervised_trainer.config_schema = _schema()
+build_supervised_trainer.config_schema = wide_mlp_schema()
 
 
 def run_one(strategy: str, async_save: bool, updates: int, save_every: int, root: Path
