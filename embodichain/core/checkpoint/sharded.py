@@ -25,6 +25,7 @@ into a full `state_dict` (export) concatenates the dim-0 shards in rank order.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -58,12 +59,13 @@ def is_sharded_checkpoint(data: Mapping[str, Any]) -> bool:
 
 def payload_to_restore(data: Mapping[str, Any], path: Path) -> dict[str, Any]:
     """A verified checkpoint's payload to restore; a sharded one also says where its shards
-    are (the manifest's directory: on every node, that node's copy of it)."""
+    are: the manifest's directory as the command named it (not resolved), so that each
+    node reads its own copy of it, as each resolves a relative `trainer.output_dir`."""
     payload = data["payload"]
     if not is_sharded_checkpoint(data):
         return payload
     return {**payload, "sharded": {**payload["sharded"],
-                                   SHARD_DIRECTORY: str(Path(path).resolve().parent)}}
+                                   SHARD_DIRECTORY: str(Path(path).parent)}}
 
 
 # ----------------------------------------------------------------------------------------
@@ -174,7 +176,12 @@ def shard_checkpoint(run: Mapping[str, Any], rank: int, state: Mapping[str, Any]
 def shard_entry(checkpoint: Mapping[str, Any], relpath: str, size: int) -> dict[str, Any]:
     """The manifest's line for a written shard."""
     return {"file": relpath, "sha256": checkpoint["manifest"]["payload_sha256"],
-            "bytes": int(size), "host": socket.gethostname()}
+            "bytes": int(size), "host": socket.gethostname(), "node": _node()}
+
+
+def _node() -> int:
+    """torchrun's node rank of this process (0 alone): with the host, where a shard lives."""
+    return int(os.environ.get("GROUP_RANK", "0") or 0)
 
 
 def manifest_checkpoint(payload: dict[str, Any], shards: Mapping[int, Mapping[str, Any]]
@@ -235,14 +242,16 @@ def check_shard(directory: Path, data: Mapping[str, Any], rank: int) -> str | No
 
 
 def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
-    """Before a resume changes anything (rank 0): every shard this machine can see verifies,
-    and none written on this host is missing; refuses naming each bad shard and its host.
-    Shards written on other hosts and absent here are checked by their ranks at restore."""
+    """Before a resume changes anything (rank 0): every shard this node can see verifies,
+    and none written on this node (host and torchrun node rank) is missing; refuses naming
+    each bad shard and its host. Shards written on other nodes and absent here are checked
+    by their own ranks at restore."""
     if not is_sharded_checkpoint(data):
         return
-    here, problems = socket.gethostname(), []
+    here, problems = (socket.gethostname(), _node()), []
     for rank, entry in sorted(shard_table(data).items()):
-        if not (Path(path).parent / entry["file"]).is_file() and entry.get("host") != here:
+        written_here = (entry.get("host"), entry.get("node", 0)) == here
+        if not (Path(path).parent / entry["file"]).is_file() and not written_here:
             continue
         problem = check_shard(Path(path).parent, data, rank)
         if problem is not None:

@@ -213,3 +213,66 @@ def test_self_launch_matches_torchrun_and_reports_refusals_once(reference: Path,
                if re.match(r"(\[rank \d+\] )?error:", line)]
     assert len(printed) == 1 and printed[0].startswith("error:"), printed
     assert "already holds a run" in printed[0]
+
+
+# -- sharded checkpoints on machines that share no filesystem -----------------------------
+
+FSDP_RECIPE = {"trainer.max_updates": 8, "trainer.save_every": 4, "trainer.validate_every": 4,
+               "trainer.log_every": 1, "trainer.strategy": "fsdp"}
+
+
+def _shards_of(run: Path, shard_runs: dict[int, Path], name: str = "last.pt") -> dict:
+    """Every rank's verified shard of `name`, each read from the node that holds it."""
+    from embodichain.core.checkpoint.file import read_checkpoint
+    from embodichain.core.checkpoint.sharded import read_shard, shard_table
+
+    data = read_checkpoint(run / name)
+    shards = {}
+    for rank in sorted(shard_table(data)):
+        payload = read_shard(shard_runs[rank], data, rank)["payload"]
+        payload.pop("run")
+        shards[rank] = payload
+    return {"learner": data["payload"]["learner"], "shards": shards}
+
+
+def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) -> None:
+    """Each node writes its rank's shard into its own copy of the run directory, rank 0's
+    node also the manifests; `resume RUN_DIR` on both nodes continues bitwise like one node
+    with 2 workers; a shard missing on node 1 is refused naming the shard and its host.
+    Catches: every shard written (or looked for) on rank 0's node only, node 1 writing
+    manifests or run.json, and a resume that loads without node 1's shard."""
+    from embodichain.core.checkpoint.sharded import SHARDS_DIR
+    from tests.support import run_torchrun
+    from tests.support.state_compare import assert_state_equal
+
+    one = tmp_path / "one_node"
+    one.mkdir()
+    write_recipe(one / "r.yaml", Path(RUN), **FSDP_RECIPE)
+    assert_ok(run_torchrun("train-sl", "--config", "r.yaml", "--no-progress", cwd=one))
+
+    cwds = [tmp_path / "node0", tmp_path / "node1"]
+    for cwd in cwds:
+        cwd.mkdir()
+        write_recipe(cwd / "r.yaml", Path(RUN), **FSDP_RECIPE)
+    for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml",
+                           "--set", "trainer.max_updates=4"):
+        assert_ok(proc)
+    run0, run1 = cwds[0] / RUN, cwds[1] / RUN
+    assert sorted(p.name for p in run1.iterdir()) == [SHARDS_DIR]  # no manifest, no run.json
+    assert all(".rank_1." in p.name for p in (run1 / SHARDS_DIR).iterdir())
+    assert all(".rank_0." in p.name for p in (run0 / SHARDS_DIR).iterdir())
+    assert (run0 / "last.pt").is_file() and (run0 / "step_4.pt").is_file()
+
+    for proc in _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=8"):
+        assert_ok(proc)
+    reference = one / RUN
+    assert assert_state_equal(_shards_of(reference, {0: reference, 1: reference}),
+                              _shards_of(run0, {0: run0, 1: run1})) >= 10
+    assert comparable_records(run0) == comparable_records(reference)
+
+    for shard in (run1 / SHARDS_DIR).iterdir():
+        shard.unlink()
+    results = _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=12")
+    out = "".join(p.stdout + p.stderr for p in results)
+    assert all(p.returncode != 0 for p in results), out
+    assert "shard of rank 1 is missing" in out and socket.gethostname() in out, out
