@@ -1,4 +1,4 @@
-"""`trainer.strategy: fsdp` against `ddp`, side by side in one run (SPEC §13, R-SHARD-1/2).
+"""`trainer.strategy: fsdp` against `ddp`, side by side in one run (design §13, R-SHARD-1/2).
 
 A 4 -> 4096 x 6 -> 2 MLP (about 100 M parameters) with Adam trains with 2 CPU workers under
 torchrun (gloo), through the real `train-sl` CLI, once per strategy and save mode, saving

@@ -1,5 +1,5 @@
 """Hostile or careless input, as one table: exit 2, one `error: …` paragraph naming the key or
-file, and nothing created or changed (issue 12, SPEC §9)."""
+file, and nothing created or changed (issue 12, design §9)."""
 
 from __future__ import annotations
 

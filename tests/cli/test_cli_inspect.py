@@ -77,7 +77,7 @@ def test_json_is_one_plain_document(step_100: Path) -> None:
 def test_config_with_changed_lr_reports_the_difference(step_100: Path, tmp_path: Path) -> None:
     changed = write_recipe(tmp_path / "lr.yaml", tmp_path / "fresh", **{"optimizer.lr": 0.01})
     result = invoke("inspect-checkpoint", str(step_100), "--config", str(changed))
-    assert result.exit_code == 1, result.output  # 1: may not resume (SPEC §9)
+    assert result.exit_code == 1, result.output  # 1: may not resume (design §9)
     assert re.search(r"resume from it\? no", result.stdout), result.stdout
     assert "optimizer.lr: checkpoint 0.001, this run 0.01" in result.stdout
 

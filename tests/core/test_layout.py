@@ -1,4 +1,4 @@
-"""The layout rules of SPEC §2 / R-ARCH-1, read from the source with `ast` (nothing imported).
+"""The layout rules of design §2 / R-ARCH-1, read from the source with `ast` (nothing imported).
 
 Catches: an import cycle between two modules (e.g. trainer <-> callbacks, also through a
 function-level or TYPE_CHECKING import), a cycle between `core` sub-packages, a bottom

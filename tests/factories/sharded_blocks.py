@@ -1,4 +1,4 @@
-"""A factory for the FSDP tests (SPEC §13): named shard blocks, parameter groups and uneven
+"""A factory for the FSDP tests (design §13): named shard blocks, parameter groups and uneven
 masks.
 
 Named in recipes as `sharded_blocks:build_supervised_trainer` with tests/factories and

@@ -69,5 +69,5 @@ def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 def workers_output(output: str) -> str:
     """What the workers printed under torchrun: the output before torchrun's own failure
-    report, which repeats each worker's message from its elastic error file (SPEC §9)."""
+    report, which repeats each worker's message from its elastic error file (design §9)."""
     return output.split("Traceback (most recent call last):", 1)[0]

@@ -48,7 +48,7 @@ def rewrite_checkpoint(src: Path, dst: Path, change) -> Path:
 
 
 def assert_only_torchruns_traceback(out: str) -> None:
-    """Workers print one-line errors (SPEC §9); the only traceback is torchrun's own report."""
+    """Workers print one-line errors (design §9); the only traceback is torchrun's own report."""
     tracebacks = out.split("Traceback (most recent call last):")[1:]
     assert len(tracebacks) == 1 and "ChildFailedError" in tracebacks[0], out
     assert out.count("Traceback") == 1, out

@@ -90,7 +90,7 @@ class EarlyStopConfig(Section):
 
 
 class FsdpConfig(Section):
-    """`trainer.fsdp` (SPEC §13): options of `trainer.strategy: fsdp`."""
+    """`trainer.fsdp` (design §13): options of `trainer.strategy: fsdp`."""
 
     reshard_after_forward: bool = True
     """Free each block's gathered parameters after its forward and gather them again for

@@ -63,7 +63,7 @@ def test_second_fresh_run_under_torchrun_is_refused(sl_ddp_two_workers, copy_run
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output  # torchrun's own code when a worker fails
     assert root_cause_exit_code(output) == "2", output
-    # SPEC §9: each worker exits 2 (a worker still shutting down when torchrun reacts to the
+    # design §9: each worker exits 2 (a worker still shutting down when torchrun reacts to the
     # first exit ignores torchrun's SIGTERM and still ends with its own code, never -15).
     assert worker_exit_codes(output) == ["2", "2"], output
     assert workers_output(output).count(REFUSAL) == 1, output  # said once, by rank 0

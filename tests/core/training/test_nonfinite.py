@@ -1,4 +1,4 @@
-"""`trainer.on_nonfinite` (SPEC §9): a non-finite global loss stops the run at that update
+"""`trainer.on_nonfinite` (design §9): a non-finite global loss stops the run at that update
 (exit 1, naming it and the last good snapshot) or is skipped like a zero-weight batch;
 metrics.jsonl stays strict JSON either way."""
 
