@@ -129,3 +129,13 @@ def endless_run_stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, o
     return {"run": run, "pid": proc.pid, "live_json": json.loads(listed.stdout),
             "live_table": table.stdout, "returncode": proc.returncode, "stdout": out,
             "stderr": err}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How the CLI and torchrun were launched: a launch that silently lost the warm
+    interpreter (tests/support/warm_python.py) shows here with its reason."""
+    from tests.support.processes import LAUNCHES
+
+    if LAUNCHES:
+        terminalreporter.write_line("python -m launches: " + ", ".join(
+            f"{count} {how}" for how, count in LAUNCHES.most_common()))

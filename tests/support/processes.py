@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 from benchmarks.common import child_pids as child_pids  # one /proc walk for both
+from tests.support.warm_python import fresh_only, warm_python
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -15,6 +17,7 @@ SCRIPTS = TESTS / "scripts"  # helper scripts that tests launch
 FACTORIES = TESTS / "factories"  # test-only recipe factories
 CPU_RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
 TIMEOUT = 300
+LAUNCHES: Counter[str] = Counter()  # how `run_python_module` launched, for the session summary
 
 
 def worker_env(**extra: str) -> dict[str, str]:
@@ -30,22 +33,42 @@ def factories_env(**extra: str) -> dict[str, str]:
     return worker_env(PYTHONPATH=str(FACTORIES), **extra)
 
 
+def run_python_module(module: str, *args: str, cwd: Path | None = None,
+                      env: dict[str, str] | None = None, timeout: float = TIMEOUT,
+                      fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m MODULE ARGS`, its output captured; forked from the warm interpreter
+    (tests/support/warm_python.py) unless `fresh` or the environment needs a fresh one."""
+    env = env or worker_env()
+    cwd = cwd or REPO
+    why = "asked" if fresh else "EMBODICHAIN_TESTS_FRESH" if fresh_only() else None
+    if why is None:
+        warm = warm_python(worker_env())
+        why = warm.why_fresh(env)
+        if why is None:
+            LAUNCHES["warm"] += 1
+            return warm.run(module, list(args), cwd=cwd, env=env, timeout=timeout)
+    LAUNCHES[f"fresh ({why})"] += 1
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """`python -m embodichain ARGS` in one process."""
-    return subprocess.run([sys.executable, "-m", "embodichain", *args], cwd=cwd or REPO,
-                          env=env or worker_env(), capture_output=True, text=True,
-                          timeout=timeout)
+            timeout: float = TIMEOUT, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """`python -m embodichain ARGS` in one process (`fresh`: a new interpreter, for tests
+    about start-up itself)."""
+    return run_python_module("embodichain", *args, cwd=cwd, env=env, timeout=timeout,
+                             fresh=fresh)
 
 
 def run_torchrun(*args: str, nproc: int = 2, cwd: Path | None = None,
                  env: dict[str, str] | None = None, timeout: float = TIMEOUT,
-                 module: str = "embodichain") -> subprocess.CompletedProcess[str]:
-    """`torchrun --standalone --nproc-per-node=N -m embodichain ARGS` (gloo CPU workers)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           f"--nproc-per-node={nproc}", "-m", module, *args]
-    return subprocess.run(cmd, cwd=cwd or REPO, env=env or worker_env(), capture_output=True,
-                          text=True, timeout=timeout)
+                 module: str = "embodichain", fresh: bool = False
+                 ) -> subprocess.CompletedProcess[str]:
+    """`torchrun --standalone --nproc-per-node=N -m embodichain ARGS` (gloo CPU workers; each
+    worker is a fresh interpreter, the agent is forked warm unless `fresh`)."""
+    return run_python_module("torch.distributed.run", "--standalone", "--nnodes=1",
+                             f"--nproc-per-node={nproc}", "-m", module, *args, cwd=cwd,
+                             env=env, timeout=timeout, fresh=fresh)
 
 
 def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNULL

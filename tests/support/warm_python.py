@@ -1,0 +1,218 @@
+"""`python -m MODULE ARGS` without paying the torch import each time (test harness only).
+
+Every training process a test starts spends most of its time importing torch and
+torch._dynamo (about 3.5 s of CPU on the 2-core CI machine), while the run itself takes a
+fraction of that. A *warm interpreter* is one fresh `python` started once per pytest process
+that imports only those third-party modules and then waits. For each launch it forks: the
+child takes the caller's stdio, working directory, environment, `sys.path` (the directory,
+then `PYTHONPATH`) and argv, runs the module with `runpy` exactly as `-m` does (embodichain
+itself is imported fresh in every child), and ends through Python's own shutdown order
+(non-daemon threads, atexit) with the same exit status or signal a fresh process would give.
+
+A launch falls back to a fresh interpreter where the two could differ: an environment whose
+import-time settings (`PYTHON*`, `TORCH*`, `OMP_*`, ...) are not the warm interpreter's, a
+`PYTHONPATH` entry that would shadow a module already imported there, or `fresh=True` (tests
+about start-up itself). `EMBODICHAIN_TESTS_FRESH=1` makes every launch fresh, which is how a
+difference would be told apart (`tests/test_warm_python.py` compares the two on a real run).
+The launched process is a child of the warm interpreter, not of the test, so a test that
+signals or watches its process tree starts it with `subprocess.Popen` as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run")
+# Environment variables read while those modules import (or by the interpreter at start-up):
+# a launch whose values differ from the warm interpreter's gets a fresh interpreter.
+IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA",
+                        "NVIDIA", "LD_", "NCCL", "GLOO", "MALLOC", "LC_", "LANG")
+# Read when used, not at import (torch sets TORCHINDUCTOR_CACHE_DIR in a process that compiled).
+IMPORT_TIME_EXCEPT = {"PYTHONPATH", "PYTHONUNBUFFERED", "TORCHELASTIC_ERROR_FILE",
+                      "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items()
+            if k.startswith(IMPORT_TIME_PREFIXES) and k not in IMPORT_TIME_EXCEPT}
+
+
+# -- the client side (in the test process) ---------------------------------------------------
+
+class WarmPython:
+    """One warm interpreter serving `run(module, args, ...)` launches for this process."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = dict(env)
+        self.env.pop("PYTHONPATH", None)
+        self._dir = tempfile.mkdtemp(prefix="warm_python_")
+        self.address = os.path.join(self._dir, "socket")
+        self.log = open(os.path.join(self._dir, "server.log"), "w+b")  # noqa: SIM115
+        self.server = subprocess.Popen(
+            [sys.executable, __file__, self.address], env=self.env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self.log, cwd=self._dir)
+        assert self.server.stdout is not None
+        ready = self.server.stdout.readline()
+        if ready.strip() != b"ready":
+            self.log.seek(0)
+            raise RuntimeError("the warm interpreter did not start:\n" + self.log.read().decode())
+        self.modules = set(json.loads(self.server.stdout.readline()))
+
+    def can_run(self, env: dict[str, str]) -> bool:
+        """Whether a launch with this environment behaves as a fresh interpreter would."""
+        return self.why_fresh(env) is None
+
+    def why_fresh(self, env: dict[str, str]) -> str | None:
+        """What in `env` a warm launch could not honour (None: nothing)."""
+        mine, theirs = _import_time_env(self.env), _import_time_env(env)
+        if mine != theirs:
+            return "import-time settings " + ", ".join(sorted(
+                k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)))
+        for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+            try:
+                names = {Path(n).stem for n in os.listdir(entry)}
+            except OSError:
+                continue
+            if names & self.modules:
+                return "PYTHONPATH shadows " + ", ".join(sorted(names & self.modules))
+        return None
+
+    def run(self, module: str, args: list[str], *, cwd: Path, env: dict[str, str],
+            timeout: float) -> subprocess.CompletedProcess[str]:
+        """`python -m module args` with its output captured, as `subprocess.run` returns it."""
+        argv = [sys.executable, "-m", module, *args]
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                open(os.devnull, "rb") as stdin, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(self.address)
+            request = json.dumps({"module": module, "args": args, "cwd": str(cwd),
+                                  "env": env}).encode()
+            socket.send_fds(conn, [request], [stdin.fileno(), out.fileno(), err.fileno()])
+            replies = conn.makefile("r")
+            pid = json.loads(replies.readline())["pid"]
+            conn.settimeout(timeout)
+            try:
+                status = json.loads(replies.readline())["status"]
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)
+                raise subprocess.TimeoutExpired(argv, timeout) from None
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(argv, status, out.read().decode(),
+                                               err.read().decode())
+
+    def close(self) -> None:
+        if self.server.poll() is None:
+            assert self.server.stdin is not None
+            self.server.stdin.close()  # the server exits when its stdin ends
+            try:
+                self.server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+        self.log.close()
+
+
+_warm: WarmPython | None = None
+
+
+def warm_python(env: dict[str, str]) -> WarmPython:
+    """The warm interpreter of this process, started on first use with `env`."""
+    global _warm
+    if _warm is None:
+        _warm = WarmPython(env)
+        atexit.register(_warm.close)
+    return _warm
+
+
+def fresh_only() -> bool:
+    return os.environ.get("EMBODICHAIN_TESTS_FRESH") == "1"
+
+
+# -- the server side (the warm interpreter) --------------------------------------------------
+
+def _serve(address: str) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    sys.stdout.write("ready\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules}))
+                     + "\n")
+    sys.stdout.flush()
+    waiting: dict[int, socket.socket] = {}  # child pid -> the connection awaiting its status
+    while True:
+        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.02)
+        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1):
+            break  # the test process is gone or done
+        if listener in readable:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in [conn, *waiting.values()]:
+                    other.close()
+                _child(json.loads(message), fds)  # never returns
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            waiting[pid] = conn
+        for pid in list(waiting):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                conn = waiting.pop(pid)
+                try:
+                    conn.sendall(json.dumps({"status": code}).encode() + b"\n")
+                except OSError:
+                    pass  # the caller timed out and left
+                conn.close()
+    for pid in waiting:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python -m MODULE ARGS`. What the module raises (SystemExit
+    included) goes up to the interpreter, which ends the process as it ends a fresh one."""
+    import importlib
+    import io
+    import runpy
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [os.path.abspath(p) for p in
+             filter(None, request["env"].get("PYTHONPATH", "").split(os.pathsep))]
+    sys.path[:] = [os.getcwd(), *extra, *sys.path[1:]]
+    importlib.invalidate_caches()
+    unbuffered = bool(request["env"].get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
+                                  write_through=True)
+    sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for name in ("SIGTERM", "SIGHUP", "SIGCHLD", "SIGUSR1", "SIGUSR2"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    sys.argv = [request["module"], *request["args"]]
+    sys.modules.pop(request["module"], None)  # -m executes it afresh as __main__
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1])

@@ -1,0 +1,109 @@
+"""The test harness's warm interpreter (tests/support/warm_python.py) against a fresh one.
+
+Most tests start the CLI through it; these catch a warm launch that differs from
+`python -m embodichain` in what a test can see: exit status, output, the files a run
+writes, the environment and path the module runs with, or a fallback that did not happen.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.support import run_cli, worker_env, write_recipe
+from tests.support.processes import run_python_module
+from tests.support.state_compare import assert_training_state_equal
+from tests.support.warm_python import WarmPython, warm_python
+
+
+def _without_run_identity(text: str, run: Path) -> str:
+    text = text.replace(str(run), "RUN")
+    text = re.sub(r"\b[0-9a-f]{12}\b", "ID", text)
+    return re.sub(r"[0-9.]+ s wall, [0-9.]+ updates/s", "T", text)
+
+
+def test_a_warm_run_equals_a_fresh_one(tmp_path: Path) -> None:
+    """Catches a warm child that trains differently (threads, seeds, imports), prints
+    differently, or exits with another status than a fresh interpreter."""
+    outputs = {}
+    for fresh in (True, False):
+        run = tmp_path / f"fresh_{fresh}"
+        recipe = write_recipe(tmp_path / f"{fresh}.yaml", run, **{"trainer.max_updates": 20,
+                                                                   "trainer.save_every": 10})
+        proc = run_cli("train-sl", "--config", str(recipe), "--no-progress", fresh=fresh)
+        assert proc.returncode == 0, proc.stderr
+        outputs[fresh] = (_without_run_identity(proc.stdout, run),
+                          _without_run_identity(proc.stderr, run), run)
+    assert outputs[True][:2] == outputs[False][:2]
+    assert assert_training_state_equal(outputs[True][2] / "last.pt",
+                                       outputs[False][2] / "last.pt") > 0
+
+
+def test_exit_status_environment_and_path_are_the_callers(tmp_path: Path) -> None:
+    """Catches a warm child that keeps the warm interpreter's directory, environment or
+    `sys.path`, or reports an uncaught exception, an exit code or a KeyboardInterrupt
+    otherwise than a fresh interpreter does."""
+    probe = tmp_path / "lib" / "probe_mod.py"
+    probe.parent.mkdir()
+    probe.write_text(
+        "import json, os, sys\n"
+        "mode = sys.argv[1]\n"
+        "if mode == 'report':\n"
+        "    print(json.dumps({'cwd': os.getcwd(), 'path0': sys.path[0],\n"
+        "                      'lib': sys.path[1], 'var': os.environ.get('PROBE_VAR'),\n"
+        "                      'argv': sys.argv, 'main': __name__}))\n"
+        "elif mode == 'raise':\n"
+        "    raise ValueError('on purpose')\n"
+        "elif mode == 'interrupt':\n"
+        "    raise KeyboardInterrupt\n"
+        "else:\n"
+        "    sys.exit(int(mode))\n")
+    env = worker_env(PYTHONPATH=str(probe.parent), PROBE_VAR="set")
+    for mode in ("report", "raise", "interrupt", "7"):
+        fresh = run_python_module("probe_mod", mode, cwd=tmp_path, env=env, fresh=True)
+        warm = run_python_module("probe_mod", mode, cwd=tmp_path, env=env)
+        assert warm.returncode == fresh.returncode, (mode, warm.stderr, fresh.stderr)
+        assert warm.stdout == fresh.stdout, mode
+        assert fresh.stderr.splitlines()[-1:] == warm.stderr.splitlines()[-1:], mode
+    assert run_python_module("probe_mod", "interrupt", cwd=tmp_path, env=env).returncode == \
+        -signal.SIGINT
+    report = json.loads(run_python_module("probe_mod", "report", cwd=tmp_path, env=env).stdout)
+    assert report["cwd"] == str(tmp_path) and report["path0"] == str(tmp_path)
+    assert (report["lib"], report["var"], report["main"]) == (str(probe.parent), "set",
+                                                              "__main__")
+    assert report["argv"] == [str(probe), "report"]
+
+
+def test_an_environment_it_cannot_match_gets_a_fresh_interpreter(tmp_path: Path) -> None:
+    """Catches a warm launch where a `PYTHONPATH` entry shadows a module the warm interpreter
+    has already imported (numpy here), or an import-time setting differs."""
+    warm = warm_python(worker_env())
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "numpy.py").write_text("raise ImportError('no numpy here')\n")
+    assert warm.can_run(worker_env())
+    assert not warm.can_run(worker_env(PYTHONPATH=str(shadow)))
+    assert not warm.can_run(worker_env(OMP_NUM_THREADS="2"))
+    assert not warm.can_run(worker_env(PYTHONHASHSEED="3"))
+    code = "import sys; import numpy"
+    (shadow / "uses_numpy.py").write_text(code + "\n")
+    proc = run_python_module("uses_numpy", cwd=tmp_path, env=worker_env(PYTHONPATH=str(shadow)))
+    assert proc.returncode == 1 and "no numpy here" in proc.stderr, proc.stderr
+
+
+def test_the_warm_interpreter_ends_when_its_test_process_lets_go(tmp_path: Path) -> None:
+    """Catches a warm interpreter left running after pytest (it waits on its stdin, which
+    ends with the test process), or one that leaves a launch it forked running."""
+    warm = WarmPython(worker_env())
+    endless = tmp_path / "endless_mod.py"
+    endless.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    try:
+        proc = warm.run("endless_mod", [], cwd=tmp_path, env=worker_env(), timeout=0.5)
+    except subprocess.TimeoutExpired:
+        proc = None
+    assert proc is None, "an endless launch was not stopped at its timeout"
+    warm.close()
+    assert warm.server.returncode == 0
