@@ -63,7 +63,7 @@ PY
 
 SL=examples/learning/sl_ddp/cuda.yaml
 SHORT=(--set trainer.max_updates=60 --set trainer.validate_every=30 --set trainer.save_every=30)
-check "CUDA-marked tests (pytest -m cuda)" "$PY" -m pytest -q -m cuda tests
+check "CUDA-marked tests (pytest -m cuda)" "$PY" -m pytest -q -n0 -m cuda tests
 check "sl_ddp cuda, 1 process" train --config $SL "${SHORT[@]}" --set trainer.output_dir=$TMP/sl_1p
 check "sl_ddp cuda, torchrun 1 worker" trun 1 --config $SL "${SHORT[@]}" --set trainer.output_dir=$TMP/sl_tr1
 if [ "$NGPU" -ge 2 ]; then

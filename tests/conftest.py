@@ -1,11 +1,14 @@
-"""Fixtures: the expensive runs that several tests read (each run once per session).
+"""Fixtures: the expensive runs that several tests read (each run once per test run, also
+under pytest-xdist: tests/support/shared.py).
 
 Plain helpers live in tests/support/."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,28 +25,37 @@ from tests.support import (
     worker_env,
     write_recipe,
 )
+from tests.support.shared import built_once
+
+# pytest-xdist's workers inherit COLUMNS=80 and LINES=24 (a plain pytest run has neither);
+# the CLI's piped output reads COLUMNS, so the tests would see another width than asked for.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _name in ("COLUMNS", "LINES"):
+        os.environ.pop(_name, None)
 
 
-def _train_example(root: Path, launch) -> Path:
+def _train_example(root: Path, launch) -> str:
     recipe = write_recipe(root / "cpu.yaml", root / "run")
     proc = launch("train-sl", "--config", str(recipe), "--no-progress")
     assert_ok(proc)
     # What the run printed, beside (not inside) its directory, for tests of the output.
     (root / "stdout.txt").write_text(proc.stdout)
     (root / "stderr.txt").write_text(proc.stderr)
-    return root / "run"
+    return str(root / "run")
 
 
 @pytest.fixture(scope="session")
 def sl_ddp_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example recipe trained to 200 updates by 2 torchrun workers (shared, read-only)."""
-    return _train_example(tmp_path_factory.mktemp("sl_ddp_2w"), run_torchrun)
+    return Path(built_once(tmp_path_factory, "sl_ddp_2w",
+                           lambda root: _train_example(root, run_torchrun)))
 
 
 @pytest.fixture(scope="session")
 def sl_ddp_one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example recipe trained to 200 updates in one process (shared, read-only)."""
-    return _train_example(tmp_path_factory.mktemp("sl_ddp_1p"), run_cli)
+    return Path(built_once(tmp_path_factory, "sl_ddp_1p",
+                           lambda root: _train_example(root, run_cli)))
 
 
 @pytest.fixture()
@@ -62,21 +74,24 @@ def copy_run(tmp_path: Path):
 def restart_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """RESTART_RECIPE trained to 300 updates by 2 torchrun workers without interruption: the
     reference of every recovery-by-restart and multi-node scenario (shared, read-only)."""
-    root = tmp_path_factory.mktemp("restart_reference")
-    recipe = write_recipe(root / "r.yaml", root / "run", **RESTART_RECIPE)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
-                           env=factories_env()))
-    return root / "run"
+    def build(root: Path) -> str:
+        recipe = write_recipe(root / "r.yaml", root / "run", **RESTART_RECIPE)
+        assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                               env=factories_env()))
+        return str(root / "run")
+    return Path(built_once(tmp_path_factory, "restart_reference", build))
 
 
 @pytest.fixture(scope="session")
 def short_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """SHORT_RECIPE (12 updates, a save after each) trained by 2 torchrun workers without
     interruption: the reference of the torchrun kill-point scenarios (shared, read-only)."""
-    root = tmp_path_factory.mktemp("short_two_workers")
-    recipe = write_recipe(root / "r.yaml", root / "run", **SHORT_RECIPE)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", timeout=240))
-    return root / "run"
+    def build(root: Path) -> str:
+        recipe = write_recipe(root / "r.yaml", root / "run", **SHORT_RECIPE)
+        assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                               timeout=240))
+        return str(root / "run")
+    return Path(built_once(tmp_path_factory, "short_two_workers", build))
 
 
 @pytest.fixture(scope="session")
@@ -85,14 +100,16 @@ def resumed_at_100(tmp_path_factory: pytest.TempPathFactory) -> Path:
     update 100, then continued in place by `resume --set trainer.max_updates=200`.
     `at_100/` is a copy of the run as it was at update 100, `run/` the continued run
     (shared, read-only)."""
-    root = tmp_path_factory.mktemp("resumed_at_100")
-    run = root / "run"
-    recipe = write_recipe(root / "r.yaml", run, **{"trainer.loggers": ["jsonl", "tensorboard"],
-                                                   "trainer.max_updates": 100})
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
-    shutil.copytree(run, root / "at_100")
-    assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200", "--no-progress"))
-    return root
+    def build(root: Path) -> str:
+        run = root / "run"
+        recipe = write_recipe(root / "r.yaml", run, **{
+            "trainer.loggers": ["jsonl", "tensorboard"], "trainer.max_updates": 100})
+        assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+        shutil.copytree(run, root / "at_100")
+        assert_ok(run_cli("resume", str(run), "--set", "trainer.max_updates=200",
+                          "--no-progress"))
+        return str(root)
+    return Path(built_once(tmp_path_factory, "resumed_at_100", build))
 
 
 @pytest.fixture(scope="session")
@@ -107,28 +124,31 @@ def endless_run_stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, o
 
     from embodichain.core.runs.run_lock import lock_holder
 
-    root = tmp_path_factory.mktemp("endless")
-    run = root / "outputs" / "live"
-    proc = start_endless_run(root, run, stdout=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + TIMEOUT
-        while not ((run / "step_500.pt").exists() and lock_holder(run)):
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "the endless run never saved step_500.pt"
-            time.sleep(0.2)
-        listed = run_cli("runs", str(run.parent), "--json")
-        table = run_cli("runs", str(run.parent), env=worker_env(COLUMNS="200"))
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert_ok(listed)
-    assert_ok(table)
-    return {"run": run, "pid": proc.pid, "live_json": json.loads(listed.stdout),
-            "live_table": table.stdout, "returncode": proc.returncode, "stdout": out,
-            "stderr": err}
+    def build(root: Path) -> dict[str, object]:
+        run = root / "outputs" / "live"
+        proc = start_endless_run(root, run, stdout=subprocess.PIPE)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not ((run / "step_500.pt").exists() and lock_holder(run)):
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "the endless run never saved step_500.pt"
+                time.sleep(0.2)
+            listed = run_cli("runs", str(run.parent), "--json")
+            table = run_cli("runs", str(run.parent), env=worker_env(COLUMNS="200"))
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=TIMEOUT)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert_ok(listed)
+        assert_ok(table)
+        return {"run": str(run), "pid": proc.pid, "live_json": json.loads(listed.stdout),
+                "live_table": table.stdout, "returncode": proc.returncode, "stdout": out,
+                "stderr": err}
+
+    seen = built_once(tmp_path_factory, "endless", build)
+    return {**seen, "run": Path(seen["run"])}
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -139,3 +159,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if LAUNCHES:
         terminalreporter.write_line("python -m launches: " + ", ".join(
             f"{count} {how}" for how, count in LAUNCHES.most_common()))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with the most `slow` tests first (otherwise in their order). Under xdist
+    (`--dist loadfile`) a module runs whole on one worker, so the long ones start at once
+    and the run does not end with one worker alone on a long module."""
+    slow: Counter[str] = Counter(item.nodeid.split("::")[0] for item in items
+                                 if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])

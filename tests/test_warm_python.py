@@ -13,6 +13,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.support import run_cli, worker_env, write_recipe
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
@@ -42,6 +44,7 @@ def test_a_warm_run_equals_a_fresh_one(tmp_path: Path) -> None:
                                        outputs[False][2] / "last.pt") > 0
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_exit_status_environment_and_path_are_the_callers(tmp_path: Path) -> None:
     """Catches a warm child that keeps the warm interpreter's directory, environment or
     `sys.path`, or reports an uncaught exception, an exit code or a KeyboardInterrupt

@@ -24,6 +24,7 @@ def step_100(sl_ddp_two_workers: Path) -> Path:
     return sl_ddp_two_workers / "step_100.pt"
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_tables_show_identity_model_optimizer_ranks_and_metrics(step_100: Path) -> None:
     result = invoke("inspect-checkpoint", str(step_100))
     assert result.exit_code == 0, result.output

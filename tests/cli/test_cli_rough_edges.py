@@ -235,6 +235,7 @@ def test_a_first_run_prints_no_numpy_warning(two_updates: tuple[Path, str]) -> N
     assert "Warning" not in stderr and "NumPy" not in stderr, stderr
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_report_writes_beside_the_run_and_never_overwrites_silently(
         tmp_path: Path, copy_run, sl_ddp_one_process: Path) -> None:
     """Catches `report` writing report.png into the current directory and replacing an

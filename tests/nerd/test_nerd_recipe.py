@@ -114,6 +114,7 @@ def test_non_causal_attention_is_fine_with_a_last_position_loss(
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_short_training_run_improves_and_beats_the_baseline(
     tmp_path: Path, small_data: Path
 ) -> None:
@@ -174,6 +175,7 @@ def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) ->
     assert after_20(run_a) == after_20(run_b) != []
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_resume_is_refused_when_the_data_file_was_regenerated(tmp_path: Path) -> None:
     """R-RESUME-2: same recipe, same data path, other content (another seed) -> refused, naming
     the source identity and nothing else."""

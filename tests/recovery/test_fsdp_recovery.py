@@ -119,6 +119,7 @@ def refused(proc) -> str:
     return out
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_missing_and_damaged_shards_are_refused_by_name(reference: Path, tmp_path: Path
                                                         ) -> None:
     """Rank 1's shard deleted, rank 0's with one flipped byte: the resume names both, before

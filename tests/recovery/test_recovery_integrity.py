@@ -64,6 +64,7 @@ def test_pickle_payload_is_refused_in_process(hostile: tuple[Path, Path],
     assert not marker.exists()
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_pickle_payload_is_refused_by_inspect_and_resume(hostile: tuple[Path, Path],
                                                          tmp_path: Path) -> None:
     path, marker = hostile
@@ -91,6 +92,7 @@ def _reference(path: Path) -> tuple[str, dict]:
     return payload_digest(data["payload"]), data["manifest"]
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_truncations_are_a_named_corruption(sl_ddp_two_workers: Path, tmp_path: Path) -> None:
     data = (sl_ddp_two_workers / "step_100.pt").read_bytes()
     n = len(data)
@@ -103,6 +105,7 @@ def test_truncations_are_a_named_corruption(sl_ddp_two_workers: Path, tmp_path: 
             read_checkpoint(target)
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_flipped_bytes_are_detected_or_harmless(sl_ddp_two_workers: Path, tmp_path: Path) -> None:
     """Every flip either raises CheckpointCorruptError or leaves the loaded content identical
     (a flip in zip padding): every byte of the zip central directory and of the first local

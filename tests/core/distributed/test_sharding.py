@@ -41,6 +41,7 @@ def results(out: Path) -> list[dict]:
     return [torch.load(out / f"result_{r}.pt", weights_only=True) for r in range(2)]
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_sharded_update_equals_the_replicated_weighted_update(launched: Path) -> None:
     """Catches: AVG instead of SUM (the weights r + 1 and a zero-weight rank make it differ),
     no division by the global weight, or a step on a zero global weight. Tolerance: the

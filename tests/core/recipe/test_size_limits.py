@@ -106,6 +106,7 @@ def _limited(nproc: int | None, cpus: int | None):
     return apply
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux affinity and rlimits")
 def test_a_process_limit_refuses_data_workers_and_many_cpus_warn_once(tmp_path: Path) -> None:
     """Catches data workers allowed beyond the user's process limit (`ulimit -u` 40: 60

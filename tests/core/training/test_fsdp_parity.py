@@ -83,6 +83,7 @@ def assert_close(ddp: dict[str, torch.Tensor], fsdp: dict[str, torch.Tensor]) ->
         assert (fsdp[name] - expected).abs().max() <= 1e-5 * scale, name
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_builtin_recipe_fsdp_equals_ddp(builtin: tuple[Path, Path]) -> None:
     """Catches: gloo's AVG reduction (halves every gradient), a missing division by the
     global weight, or a model left unsharded (no shard files)."""

@@ -101,6 +101,7 @@ def test_prepare_records_successful_demonstrations_as_lerobot_v30(dataset: Path)
     assert sum(balanced) >= len(balanced) - 1, balanced
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_the_recipe_trains_and_validates_its_success_rate_closed_loop(reference: Path) -> None:
     """Catches a validation that never runs the policy in the simulator, and a best metric
     other than the success rate, maximised; the loss is masked by action_is_pad (some
@@ -117,6 +118,7 @@ def test_the_recipe_trains_and_validates_its_success_rate_closed_loop(reference:
     assert weights and all(w <= 8 * 8 for w in weights)
 
 
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_two_data_workers_train_the_model_of_none_bitwise(dataset: Path, reference: Path,
                                                           tmp_path: Path) -> None:
     """Catches frames decoded differently in a worker (a decoder shared across the fork,
