@@ -151,9 +151,25 @@ def endless_run_stopped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, o
     return {**seen, "run": Path(seen["run"])}
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker hands its launch counts to the controller (see pytest_testnodedown)."""
+    from tests.support.processes import LAUNCHES
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["launches"] = dict(LAUNCHES)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: called in the controller
+def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerController
+    from tests.support.processes import LAUNCHES
+
+    LAUNCHES.update(getattr(node, "workeroutput", {}).get("launches", {}))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """How the CLI and torchrun were launched: a launch that silently lost the warm
-    interpreter (tests/support/warm_python.py) shows here with its reason."""
+    """How the CLI and torchrun were launched (all workers): a launch that silently lost the
+    warm interpreter (tests/support/warm_python.py) shows here with its reason."""
     from tests.support.processes import LAUNCHES
 
     if LAUNCHES:

@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -17,13 +16,14 @@ import yaml
 from embodichain_models.perception.cartpole_pixels.dataset import PixelFrames
 from embodichain_models.perception.cartpole_pixels.prepare import main as prepare
 
+from tests.support.processes import run_python_module
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "embodichain", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python_module("embodichain", *args, cwd=cwd, env=env, timeout=timeout)
 
 
 def _prepare(out: Path, seed: int = 0) -> Path:

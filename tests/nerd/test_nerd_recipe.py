@@ -15,6 +15,7 @@ import yaml
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
+from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,8 +26,7 @@ TARGET = "embodichain_models.dynamics.nerd.sl_recipe:build_supervised_trainer"
 def cli(*args: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     # One intra-op thread: these tiny ops only lose from threading, badly so on a busy machine.
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "embodichain", *args], cwd=cwd or REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_python_module("embodichain", *args, cwd=cwd or REPO, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -141,9 +141,9 @@ def test_short_training_run_improves_and_beats_the_baseline(
 
 def torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # exactness needs a fixed thread count
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nnodes=1", "--nproc-per-node=2", "-m", "embodichain", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    return run_python_module("torch.distributed.run", "--standalone", "--nnodes=1",
+                             "--nproc-per-node=2", "-m", "embodichain", *args, cwd=REPO,
+                             env=env, timeout=timeout)
 
 
 @pytest.mark.slow

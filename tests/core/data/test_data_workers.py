@@ -14,6 +14,7 @@ import pytest
 
 from tests.support import REPO, TIMEOUT, assert_ok, run_torchrun
 from tests.support.data import data_env, data_recipe
+from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -61,12 +62,11 @@ def test_sigkill_with_data_workers_under_max_restarts_continues_exactly(
     kills = [{"id": "k0", "rank": 1, "update": 27}]
     env = data_env(EMBODICHAIN_TEST_KILLS=json.dumps(kills),
                    EMBODICHAIN_TEST_KILL_LOG=str(tmp_path / "kills.log"))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               "--nproc-per-node=2", "--max-restarts=1", "--monitor-interval=0.2",
-               "-m", "embodichain", "train-sl", "--config", str(recipe), "--resume", "auto",
-               "--no-progress"]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = run_python_module("torch.distributed.run", "--standalone", "--nnodes=1",
+                             "--nproc-per-node=2", "--max-restarts=1", "--monitor-interval=0.2",
+                             "-m", "embodichain", "train-sl", "--config", str(recipe),
+                             "--resume", "auto", "--no-progress", cwd=REPO, env=env,
+                             timeout=TIMEOUT)
     assert_ok(proc)
     assert (tmp_path / "kills.log").read_text().split() == ["k0"]
     events = json.loads((run / "run.json").read_text())["events"]

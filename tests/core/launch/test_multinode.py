@@ -12,8 +12,8 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,12 +21,12 @@ import pytest
 from tests.support import (
     REPO,
     RESTART_RECIPE,
-    TIMEOUT,
     assert_ok,
     run_cli,
     worker_env,
     write_recipe,
 )
+from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_same_outcome, comparable_records, implied_events
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -64,19 +64,15 @@ def _two_nodes(cwds: tuple[Path, Path], *args: str, rdzv: str = "static",
     else:
         rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
                       f"--rdzv-id={uuid.uuid4().hex[:8]}"]
-    procs = []
-    for node, cwd in enumerate(cwds):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-               f"--node-rank={node}", *rendezvous, f"--max-restarts={max_restarts}",
-               "--monitor-interval=0.2", "-m", "embodichain", *args, "--no-progress"]
-        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env or worker_env(
-            PYTHONPATH=str(FACTORIES)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True))
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=TIMEOUT)
-        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
-    return results
+    def node(rank: int) -> subprocess.CompletedProcess[str]:
+        return run_python_module(
+            "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+            *rendezvous, f"--max-restarts={max_restarts}", "--monitor-interval=0.2",
+            "-m", "embodichain", *args, "--no-progress", cwd=cwds[rank],
+            env=env or worker_env(PYTHONPATH=str(FACTORIES)))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # both nodes' agents at once
+        return list(pool.map(node, range(2)))
 
 
 def _assert_equal_runs(run: Path, reference: Path, events: list[tuple] | None = None,

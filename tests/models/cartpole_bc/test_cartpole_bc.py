@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ from embodichain_models.dynamics.nerd.physics import CartPoleParams
 from embodichain_models.policies.cartpole_bc.prepare import prepare
 from embodichain_models.policies.cartpole_bc.task import succeeded
 
+from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -40,8 +40,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def cli(*args: str, cwd: Path, module: str = "embodichain", **env: str
         ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=_env(**env),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    return run_python_module(module, *args, cwd=cwd, env=_env(**env), timeout=TIMEOUT)
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> None:
