@@ -25,7 +25,7 @@ import pytest
 
 from tests.support import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
 
-LAUNCHES = 4  # two pairs: enough to see a race between two runs' workers at all
+LAUNCHES = 6  # three pairs: enough to see a race between two runs' workers at all
 SHORT = ["--set", "trainer.max_updates=20", "--set", "trainer.save_every=10",
          "--set", "trainer.validate_every=10", "--no-progress"]
 
