@@ -24,6 +24,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -119,6 +120,7 @@ class WarmPython:
             except subprocess.TimeoutExpired:
                 self.server.kill()
         self.log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)  # its socket and server log
 
 
 _warm: WarmPython | None = None
