@@ -4,6 +4,11 @@ Rank 0 takes `flock` on `RUN_DIR/.lock` before it touches anything else there an
 until the process ends. The kernel releases the lock when the process dies, however it
 dies, so a crash never leaves a stale lock. The file also records who holds it (host, pid,
 since when), which is what a refused second writer and `embodichain runs` report.
+
+An flock belongs to the open file, which a forked child (a DataLoader worker) shares: a
+worker outliving a SIGKILLed trainer by its few seconds of noticing would keep the directory
+"in use" by a dead pid. So every forked child closes its copy at once (which leaves the
+parent's lock alone; only an unlock or the last close releases it).
 """
 
 from __future__ import annotations
@@ -21,6 +26,16 @@ from embodichain.core.errors import RefusedError
 from embodichain.core.runs.run_dir import unusable_output_dir
 
 LOCK = ".lock"
+_HELD: set[RunLock] = set()  # this process's locks, which a forked child lets go of
+
+
+def _close_inherited_locks() -> None:
+    for lock in list(_HELD):
+        lock._forget()
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 class RunLock:
@@ -55,6 +70,7 @@ class RunLock:
                     raise _in_use(self.directory, holder or {}) from None
                 time.sleep(0.01)
         self._file = f
+        _HELD.add(self)
 
     def publish(self, started_at: str) -> None:
         """Record this process as the holder (host, pid, since), once the run goes ahead."""
@@ -70,7 +86,14 @@ class RunLock:
         if self._file is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
+        self._forget()
+
+    def _forget(self) -> None:
+        """Close this process's descriptor without unlocking (a forked child's copy)."""
+        _HELD.discard(self)
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                self._file.close()
             self._file = None
 
 
