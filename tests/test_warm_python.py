@@ -11,11 +11,12 @@ import json
 import re
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli, worker_env, write_recipe
+from tests.support import run_cli, run_torchrun, worker_env, write_recipe
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
 from tests.support.warm_python import WarmPython, warm_python
@@ -42,6 +43,61 @@ def test_a_warm_run_equals_a_fresh_one(tmp_path: Path) -> None:
     assert outputs[True][:2] == outputs[False][:2]
     assert assert_training_state_equal(outputs[True][2] / "last.pt",
                                        outputs[False][2] / "last.pt") > 0
+
+
+def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path) -> None:
+    """Catches torchrun workers that pay the imports again (fresh interpreters), that share
+    the agent's session (torchrun starts each in a new one), whose exit status torchrun does
+    not see, or whose parent outlives a SIGKILLed agent (the product's launcher watch would
+    never fire: tests/recovery/test_launcher_death.py runs it with fresh workers)."""
+    probe = tmp_path / "lib" / "worker_probe.py"
+    probe.parent.mkdir()
+    probe.write_text(
+        "import json, os, signal, sys, time\n"
+        "rank, parent = os.environ['RANK'], os.getppid()\n"
+        "seen = {'rank': rank, 'warm': 'torch' in sys.modules,\n"
+        "        'leader': os.getsid(0) == os.getpid()}\n"
+        "if sys.argv[1] == 'kill' and rank == '0':\n"
+        "    agent = int(open(f'/proc/{parent}/stat').read().rsplit(')', 1)[1].split()[1])\n"
+        "    os.kill(agent, signal.SIGKILL)\n"
+        "    deadline = time.monotonic() + 10\n"
+        "    while os.getppid() == parent and time.monotonic() < deadline:\n"
+        "        time.sleep(0.01)\n"
+        "    seen['orphaned'] = os.getppid() != parent\n"
+        "    open(sys.argv[2] + '.part', 'w').write(json.dumps(seen))\n"
+        "    os.replace(sys.argv[2] + '.part', sys.argv[2])\n"
+        "print(json.dumps(seen), flush=True)\n"
+        "sys.exit(3 if sys.argv[1] == 'fail' and rank == '1' else 0)\n")
+    env = worker_env(PYTHONPATH=str(probe.parent))
+    proc = run_torchrun("fail", module="worker_probe", cwd=tmp_path, env=env)
+    assert proc.returncode == 1 and "exitcode  : 3" in proc.stderr, proc.stderr
+    seen = sorted((json.loads(line) for line in proc.stdout.splitlines()),
+                  key=lambda s: s["rank"])
+    assert seen == [{"rank": r, "warm": True, "leader": True} for r in "01"], proc.stdout
+    killed = run_torchrun("kill", str(tmp_path / "killed.json"), module="worker_probe",
+                          cwd=tmp_path, env=env)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    deadline = time.monotonic() + 15
+    while not (tmp_path / "killed.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert json.loads((tmp_path / "killed.json").read_text())["orphaned"]
+
+
+def test_a_torchrun_run_with_warm_workers_equals_a_fresh_one(tmp_path: Path) -> None:
+    """Catches forked workers that train differently from fresh ones (seeds, threads,
+    imports) or print otherwise."""
+    outputs = {}
+    for fresh in (True, False):
+        run = tmp_path / f"fresh_{fresh}"
+        recipe = write_recipe(tmp_path / f"{fresh}.yaml", run, **{"trainer.max_updates": 20,
+                                                                   "trainer.save_every": 10})
+        proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                            fresh=fresh)
+        assert proc.returncode == 0, proc.stderr
+        outputs[fresh] = (_without_run_identity(proc.stdout, run), run)
+    assert outputs[True][0] == outputs[False][0]
+    assert assert_training_state_equal(outputs[True][1] / "last.pt",
+                                       outputs[False][1] / "last.pt") > 0
 
 
 @pytest.mark.slow  # a few seconds: kept out of the quick loop

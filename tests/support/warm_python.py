@@ -16,6 +16,16 @@ about start-up itself). `EMBODICHAIN_TESTS_FRESH=1` makes every launch fresh, wh
 difference would be told apart (`tests/test_warm_python.py` compares the two on a real run).
 The launched process is a child of the warm interpreter, not of the test, so a test that
 signals or watches its process tree starts it with `subprocess.Popen` as before.
+
+torchrun's workers are warm too (each would otherwise pay the imports again, twice per
+launch): a warm `torch.distributed.run` first forks a *worker server* of its own, then runs
+the agent, whose `Popen` of `python -u -m MODULE ...` asks that server to fork the worker
+instead (`start_new_session` included). The worker's parent is the server, which dies with
+the agent (`PR_SET_PDEATHSIG`), so a worker sees its launcher die as under plain torchrun:
+its parent pid changes. A worker environment with other import-time settings than the
+agent's (beyond what torchrun itself sets) gets a fresh interpreter. Forked workers share
+the warm interpreter's hash seed, where fresh ones draw their own. The CLI's own launcher
+(`--nproc-per-node`) runs the same agent and gets the same.
 """
 
 from __future__ import annotations
@@ -40,6 +50,10 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "C
 # Read when used, not at import (torch sets TORCHINDUCTOR_CACHE_DIR in a process that compiled).
 IMPORT_TIME_EXCEPT = {"PYTHONPATH", "PYTHONUNBUFFERED", "TORCHELASTIC_ERROR_FILE",
                       "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+# What torchrun's agent adds to a worker's environment beyond its own (read at run time).
+WORKER_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+_base_path: list[str] = []  # the warm interpreter's sys.path, which each launch starts from
+_workdir = ""  # the warm interpreter's temporary directory (socket, log, worker sockets)
 
 
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
@@ -141,22 +155,33 @@ def fresh_only() -> bool:
 
 # -- the server side (the warm interpreter) --------------------------------------------------
 
-def _serve(address: str) -> None:
+def _main(address: str) -> None:
+    """The warm interpreter: import, say so, serve until the test process lets go."""
     import importlib
 
+    global _workdir
     for name in PRELOAD:
         importlib.import_module(name)
+    _base_path[:] = sys.path
+    _workdir = os.path.dirname(address)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
     sys.stdout.write("ready\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules}))
                      + "\n")
     sys.stdout.flush()
+    _serve(listener, sys.stdin.fileno(), orphan_on_close=False)
+
+
+def _serve(listener: socket.socket, control: int, *, orphan_on_close: bool) -> None:
+    """Fork a launch for each request on `listener` and report its end, until `control`
+    (a pipe from the client) ends; then kill what is still running, or leave it to run
+    on (`orphan_on_close`: torchrun's workers outlive a dead agent)."""
     waiting: dict[int, socket.socket] = {}  # child pid -> the connection awaiting its status
     while True:
-        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.02)
-        if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1):
-            break  # the test process is gone or done
+        readable, _, _ = select.select([listener, control], [], [], 0.02)
+        if control in readable and not os.read(control, 1):
+            break  # the client is gone or done
         if listener in readable:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
@@ -180,6 +205,8 @@ def _serve(address: str) -> None:
                 except OSError:
                     pass  # the caller timed out and left
                 conn.close()
+    if orphan_on_close:
+        os._exit(0)
     for pid in waiting:
         os.kill(pid, signal.SIGKILL)
 
@@ -191,6 +218,8 @@ def _child(request: dict, fds: list[int]) -> None:
     import io
     import runpy
 
+    if request.get("new_session"):
+        os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -199,9 +228,9 @@ def _child(request: dict, fds: list[int]) -> None:
     os.environ.update(request["env"])
     extra = [os.path.abspath(p) for p in
              filter(None, request["env"].get("PYTHONPATH", "").split(os.pathsep))]
-    sys.path[:] = [os.getcwd(), *extra, *sys.path[1:]]
+    sys.path[:] = [os.getcwd(), *extra, *_base_path[1:]]
     importlib.invalidate_caches()
-    unbuffered = bool(request["env"].get("PYTHONUNBUFFERED"))
+    unbuffered = bool(request.get("unbuffered") or request["env"].get("PYTHONUNBUFFERED"))
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=unbuffered)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace",
@@ -212,9 +241,91 @@ def _child(request: dict, fds: list[int]) -> None:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     sys.argv = [request["module"], *request["args"]]
     sys.modules.pop(request["module"], None)  # -m executes it afresh as __main__
+    if request["module"] == "torch.distributed.run" or any(
+            arg.startswith("--nproc-per-node") for arg in request["args"]):
+        _fork_workers_warm()  # torchrun, or the CLI launching its own workers
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
 
 
+# -- torchrun's workers (in a warm agent) ---------------------------------------------------
+
+def _fork_workers_warm() -> None:
+    """Start this agent's worker server and route its workers' `Popen` there."""
+    import ctypes
+
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+        subprocess_handler,
+    )
+
+    address = os.path.join(tempfile.mkdtemp(prefix="workers_", dir=_workdir), "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    control, keep_open = os.pipe()  # ends when the agent does, however it ends
+    agent, env = os.getpid(), dict(os.environ)
+    if os.fork() == 0:
+        os.close(keep_open)
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+        if os.getppid() != agent:
+            os._exit(0)
+        _serve(listener, control, orphan_on_close=True)
+    listener.close()
+    os.close(control)
+    expected = _import_time_env(env)
+    popen = subprocess_handler.SubprocessHandler._popen
+
+    def warm_popen(handler, args: tuple, worker_env: dict[str, str]):  # noqa: ANN001, ANN202
+        own = {k: v for k, v in _import_time_env(worker_env).items()
+               if not k.startswith(WORKER_ENV_PREFIXES)}
+        if (args[0] != sys.executable or tuple(args[1:3]) != ("-u", "-m") or own != expected
+                or worker_env.get("PYTHONPATH") != env.get("PYTHONPATH")):
+            return popen(handler, args, worker_env)
+        out = handler._stdout.fileno() if handler._stdout else 1
+        err = handler._stderr.fileno() if handler._stderr else 2
+        return _ForkedWorker(address, list(args), worker_env, (0, out, err))
+
+    subprocess_handler.SubprocessHandler._popen = warm_popen
+
+
+class _ForkedWorker:
+    """What torchrun's agent uses of a worker's `Popen`, for a worker forked by the server."""
+
+    def __init__(self, address: str, argv: list[str], env: dict[str, str],
+                 fds: tuple[int, int, int]) -> None:
+        self.args, self.returncode = argv, None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(address)
+        request = {"module": argv[3], "args": argv[4:], "cwd": os.getcwd(), "env": env,
+                   "new_session": True, "unbuffered": True}
+        socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
+        self._received = b""
+        self.pid = json.loads(self._line(None))["pid"]
+
+    def _line(self, timeout: float | None) -> bytes:
+        self._conn.settimeout(timeout)
+        while b"\n" not in self._received:
+            chunk = self._conn.recv(4096)
+            if not chunk:  # the server died with the agent: nothing will report
+                raise ConnectionError("the worker server is gone")
+            self._received += chunk
+        line, self._received = self._received.split(b"\n", 1)
+        return line
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = json.loads(self._line(timeout))["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _main(sys.argv[1])

@@ -81,9 +81,11 @@ def test_every_torchrun_worker_exits_2_on_a_refusal(tmp_path):
     recipe = write_recipe(tmp_path / "again.yaml", run)
     probe = tmp_path / "exit_codes"
     path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p)
+    # Fresh workers: the probe's own exit must be quick (it never imports torch), or
+    # torchrun's SIGTERM could meet it in interpreter shutdown, where its handler is gone.
     proc = run_torchrun(str(probe), "--", "-m", "embodichain", "train-sl", "--config",
                         str(recipe), "--no-progress", module="exit_code_probe",
-                        env=worker_env(PYTHONPATH=path))
+                        env=worker_env(PYTHONPATH=path), fresh=True)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output
     assert [(probe / f"exit_rank{r}").read_text() for r in (0, 1)] == ["2", "2"], output
