@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.recipe.machine_limits import readable_size
+
 MAX_STEP_FILES = 1000
 """More planned step files than this is a mistake more often than a plan."""
 
@@ -53,8 +55,8 @@ def checkpoint_plan_warning(*, max_updates: int, step: int, save_every: int,
     if kept > MAX_STEP_FILES:
         problems.append(f"{planned:,} step files")
     if free is not None and needed > free:
-        problems.append(f"about {_size(needed)} of checkpoints, more than the "
-                        f"{_size(free)} free on the disk of {directory}")
+        problems.append(f"about {readable_size(needed)} of checkpoints, more than the "
+                        f"{readable_size(free)} free on the disk of {directory}")
     if not problems:
         return None
     fix = ("set trainer.keep_last (e.g. --set trainer.keep_last=5) to keep only the newest "
@@ -62,14 +64,6 @@ def checkpoint_plan_warning(*, max_updates: int, step: int, save_every: int,
            "lower trainer.keep_last")
     return (f"trainer.save_every: {save_every} with trainer.max_updates: {max_updates} plans "
             f"{' and '.join(problems)}; {fix}, or raise trainer.save_every")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"  # pragma: no cover
 
 
 def warn_about_checkpoint_plan(trainer: Any, optimizer: str, model: Any, step: int,
@@ -94,8 +88,8 @@ class DiskFullError(OSError):
     """
 
     def __init__(self, path: Path, needed: int | None, free: int | None) -> None:
-        parts = [f"the checkpoint needs {_size(needed)}" if needed is not None else None,
-                 f"{_size(free)} are free" if free is not None else None]
+        parts = [f"the checkpoint needs {readable_size(needed)}" if needed is not None else None,
+                 f"{readable_size(free)} are free" if free is not None else None]
         detail = ", ".join(p for p in parts if p)
         super().__init__(errno.ENOSPC, f"the disk is full (No space left on device): {detail} "
                          f"on the file system of {path.parent}" if detail

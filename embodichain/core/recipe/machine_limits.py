@@ -70,9 +70,9 @@ def machine_verdict(config: FrameworkConfig, local_ranks: int = 1,
         elif memory is not None and workers * WORKER_BYTES > memory:
             verdict.problems.append(
                 f"trainer.data_workers: {workers} worker processes{per} need at least "
-                f"{_size(workers * WORKER_BYTES)} ({_size(WORKER_BYTES)} each), more than "
-                f"the {_size(memory)} of memory available on this machine; at most "
-                f"{memory // WORKER_BYTES // ranks} per rank fit")
+                f"{readable_size(workers * WORKER_BYTES)} ({readable_size(WORKER_BYTES)} each), "
+                f"more than the {readable_size(memory)} of memory available on this machine; "
+                f"at most {memory // WORKER_BYTES // ranks} per rank fit")
         elif workers > machine.cpus:
             verdict.warnings.append(
                 f"trainer.data_workers: {workers} worker processes{per} on the "
@@ -84,14 +84,14 @@ def machine_verdict(config: FrameworkConfig, local_ranks: int = 1,
                 f"trainer.prefetch: {t.data_workers} workers x prefetch {t.prefetch} x "
                 f"{t.batch_size * t.grad_accumulation} examples per update = {in_flight:,} "
                 f"examples in flight per rank, whose indices alone need "
-                f"{_size(in_flight * EXAMPLE_KEY_BYTES)}, more than the {_size(memory)} "
-                "available on this machine; lower trainer.prefetch")
+                f"{readable_size(in_flight * EXAMPLE_KEY_BYTES)}, more than the "
+                f"{readable_size(memory)} available on this machine; lower trainer.prefetch")
     drawn = t.batch_size * t.grad_accumulation
     if memory is not None and drawn * INDEX_BYTES > memory:
         verdict.problems.append(
             f"trainer.grad_accumulation: an update draws batch_size x grad_accumulation = "
-            f"{drawn:,} indices at once, {_size(drawn * INDEX_BYTES)}, more than the "
-            f"{_size(memory)} available on this machine")
+            f"{drawn:,} indices at once, {readable_size(drawn * INDEX_BYTES)}, more than the "
+            f"{readable_size(memory)} available on this machine")
     return verdict
 
 
@@ -137,7 +137,8 @@ def _read_int(name: str) -> int | None:
         return None
 
 
-def _size(n: float) -> str:
+def readable_size(n: float) -> str:
+    """Bytes in decimal units, as the refusals and the disk plan print them ("1.5 GB")."""
     for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
         if n < 1000 or unit == "PB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
