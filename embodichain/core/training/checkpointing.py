@@ -93,8 +93,7 @@ class Checkpointing:
         Collective, except while `committed()` is open (a validation callback on rank 0):
         then the state committed before validation is written without any collective.
         """
-        run = require_run(trainer)
-        also_last = step_of(path.name) is not None and path.parent == run.directory
+        also_last = self.also_last(trainer, path)
         if self._committed is not None:
             self._write(trainer, self._committed, path, also_last)
             return path
@@ -107,6 +106,16 @@ class Checkpointing:
                 self._write(trainer, committed, path, also_last)
             except Exception as exc:  # every rank must hear of it, or the others would hang
                 failure = SaveFailure(path, failure_reason(exc, path))
+        return self.end_save(trainer, path, failure, also_last)
+
+    @staticmethod
+    def also_last(trainer: Checkpointed, path: Path) -> bool:
+        """Whether `path` is a step file of the run's directory (written also as last.pt)."""
+        return step_of(path.name) is not None and path.parent == require_run(trainer).directory
+
+    def end_save(self, trainer: Checkpointed, path: Path, failure: SaveFailure | None,
+                 also_last: bool) -> Path:
+        """Every rank stops on a failed save; a written last.pt restarts the save clock."""
         self.stop_if_failed(failure, trainer.step)
         if also_last or path.name == LAST:
             self.clock.restart()

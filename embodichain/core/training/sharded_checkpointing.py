@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from embodichain.core.checkpoint.names import LAST, step_of
+from embodichain.core.checkpoint.names import LAST
 from embodichain.core.checkpoint.rank_state import (
     capture_buffers,
     capture_rng,
@@ -65,16 +65,12 @@ class ShardedCheckpointing(Checkpointing):
         if self._validating:
             self._deferred.append(path)
             return path
-        run = require_run(trainer)
-        also_last = step_of(path.name) is not None and path.parent == run.directory
+        also_last = self.also_last(trainer, path)
         failure = self.writer.settle()  # one in flight at most; every rank learnt its end
         if failure is None:
             self._write_sharded(trainer, path, also_last)
             failure = None if self.writer.background else self.writer.failure
-        self.stop_if_failed(failure, trainer.step)
-        if also_last or path.name == LAST:
-            self.clock.restart()
-        return path
+        return self.end_save(trainer, path, failure, also_last)
 
     @contextlib.contextmanager
     def committed(self, trainer: Checkpointed) -> Iterator[None]:
