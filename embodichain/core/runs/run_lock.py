@@ -134,10 +134,30 @@ def refuse_if_locked(directory: Path) -> None:
 
 
 def _in_use(directory: Path, holder: dict[str, Any]) -> RefusedError:
+    if _ended_here(holder):
+        return RefusedError(
+            f"{directory} is still locked although the run that locked it has ended "
+            f"({describe_holder(holder)}): a process it started holds its lock file "
+            f"({Path(directory) / LOCK}; `fuser -v` on it names the process). Once that "
+            "process ends, run this command again. Nothing was changed.")
     return RefusedError(
         f"{directory} is in use by a live run ({describe_holder(holder)}); only one process "
         "may write a run directory. Wait for it to end or stop it (Ctrl-C saves a snapshot), "
         "then run this command again. Nothing was changed.")
+
+
+def _ended_here(holder: dict[str, Any]) -> bool:
+    """Whether the recorded holder was a process of this machine that no longer exists."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
