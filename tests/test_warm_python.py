@@ -19,7 +19,7 @@ import pytest
 from tests.support import run_cli, run_torchrun, worker_env, write_recipe
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
-from tests.support.warm_python import WarmPython, warm_python
+from tests.support.warm_python import WarmPython, fresh_only, warm_python
 
 
 def _without_run_identity(text: str, run: Path) -> str:
@@ -50,6 +50,8 @@ def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path
     the agent's session (torchrun starts each in a new one), whose exit status torchrun does
     not see, or whose parent outlives a SIGKILLed agent (the product's launcher watch would
     never fire: tests/recovery/test_launcher_death.py runs it with fresh workers)."""
+    if fresh_only():
+        pytest.skip("EMBODICHAIN_TESTS_FRESH=1 makes every launch fresh")
     probe = tmp_path / "lib" / "worker_probe.py"
     probe.parent.mkdir()
     probe.write_text(
