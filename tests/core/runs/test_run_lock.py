@@ -22,11 +22,18 @@ import multiprocessing, sys, time
 from pathlib import Path
 from embodichain.core.runs.run_lock import RunLock
 
+def work():
+    running.set()  # the fork's own handlers (ours among them) have run by now
+    time.sleep(30)
+
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire()
 lock.publish("now")
-child = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+fork = multiprocessing.get_context("fork")
+running = fork.Event()
+child = fork.Process(target=work)
 child.start()
+running.wait(30)
 print(child.pid, flush=True)
 time.sleep(60)
 """
