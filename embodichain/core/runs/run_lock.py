@@ -31,8 +31,7 @@ _HELD: set[RunLock] = set()  # this process's locks, which a forked child lets g
 
 def _close_inherited_locks() -> None:
     for lock in list(_HELD):
-        lock._forget()
-    _HELD.clear()
+        lock._forget()  # takes it out of _HELD
 
 
 os.register_at_fork(after_in_child=_close_inherited_locks)
