@@ -63,6 +63,48 @@ def _import_time_env(env: dict[str, str]) -> dict[str, str]:
 
 # -- the client side (in the test process) ---------------------------------------------------
 
+class Launch:
+    """One launch asked of a server (the warm interpreter, or an agent's worker server):
+    `pid`, `poll()` and `wait()` as a `Popen` has them, which is all torchrun's agent uses."""
+
+    def __init__(self, address: str, argv: list[str], request: dict,
+                 fds: tuple[int, int, int]) -> None:
+        self.args, self.returncode = argv, None
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._conn.connect(address)
+        socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
+        self._received = b""
+        self.pid = json.loads(self._line(None))["pid"]
+
+    def _line(self, timeout: float | None) -> bytes:
+        self._conn.settimeout(timeout)
+        while b"\n" not in self._received:
+            chunk = self._conn.recv(4096)
+            if not chunk:  # the server died (a worker server with its agent)
+                raise ConnectionError("the server of this launch is gone")
+            self._received += chunk
+        line, self._received = self._received.split(b"\n", 1)
+        return line
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                self.returncode = json.loads(self._line(timeout))["status"]
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
+            return self.wait()
+        return self.returncode
+
+    def close(self) -> None:
+        """Stop listening for the launch's end (the process itself is left alone)."""
+        self._conn.close()
+
+
 class WarmPython:
     """One warm interpreter serving `run(module, args, ...)` launches for this process."""
 
@@ -106,20 +148,16 @@ class WarmPython:
         """`python -m module args` with its output captured, as `subprocess.run` returns it."""
         argv = [sys.executable, "-m", module, *args]
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                open(os.devnull, "rb") as stdin, \
-                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(self.address)
-            request = json.dumps({"module": module, "args": args, "cwd": str(cwd),
-                                  "env": env}).encode()
-            socket.send_fds(conn, [request], [stdin.fileno(), out.fileno(), err.fileno()])
-            replies = conn.makefile("r")
-            pid = json.loads(replies.readline())["pid"]
-            conn.settimeout(timeout)
+                open(os.devnull, "rb") as stdin:
+            launch = Launch(self.address, argv, {"module": module, "args": args,
+                                                 "cwd": str(cwd), "env": env},
+                            (stdin.fileno(), out.fileno(), err.fileno()))
             try:
-                status = json.loads(replies.readline())["status"]
-            except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-                raise subprocess.TimeoutExpired(argv, timeout) from None
+                status = launch.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(launch.pid, signal.SIGKILL)
+                launch.close()
+                raise
             out.seek(0)
             err.seek(0)
             return subprocess.CompletedProcess(argv, status, out.read().decode(),
@@ -283,48 +321,11 @@ def _fork_workers_warm() -> None:
             return popen(handler, args, worker_env)
         out = handler._stdout.fileno() if handler._stdout else 1
         err = handler._stderr.fileno() if handler._stderr else 2
-        return _ForkedWorker(address, list(args), worker_env, (0, out, err))
+        return Launch(address, list(args), {
+            "module": args[3], "args": list(args[4:]), "cwd": os.getcwd(), "env": worker_env,
+            "new_session": True, "unbuffered": True}, (0, out, err))
 
     subprocess_handler.SubprocessHandler._popen = warm_popen
-
-
-class _ForkedWorker:
-    """What torchrun's agent uses of a worker's `Popen`, for a worker forked by the server."""
-
-    def __init__(self, address: str, argv: list[str], env: dict[str, str],
-                 fds: tuple[int, int, int]) -> None:
-        self.args, self.returncode = argv, None
-        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._conn.connect(address)
-        request = {"module": argv[3], "args": argv[4:], "cwd": os.getcwd(), "env": env,
-                   "new_session": True, "unbuffered": True}
-        socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
-        self._received = b""
-        self.pid = json.loads(self._line(None))["pid"]
-
-    def _line(self, timeout: float | None) -> bytes:
-        self._conn.settimeout(timeout)
-        while b"\n" not in self._received:
-            chunk = self._conn.recv(4096)
-            if not chunk:  # the server died with the agent: nothing will report
-                raise ConnectionError("the worker server is gone")
-            self._received += chunk
-        line, self._received = self._received.split(b"\n", 1)
-        return line
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            try:
-                self.returncode = json.loads(self._line(timeout))["status"]
-            except TimeoutError:
-                raise subprocess.TimeoutExpired(self.args, timeout) from None
-            self._conn.close()
-        return self.returncode
-
-    def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
-            return self.wait()
-        return self.returncode
 
 
 if __name__ == "__main__":

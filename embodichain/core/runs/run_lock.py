@@ -155,7 +155,7 @@ def _ended_here(holder: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's
-        return False
+        pass
     return False
 
 
