@@ -84,10 +84,10 @@ def install(hold: dict[str, Any]) -> None:
             changed.notify_all()
         return real_handle(self, signum, frame)
 
-    real_write = writer._write
+    real_run = writer.FileSave.run
 
-    def write(payload, path, *args, **kwargs):
-        step = payload["run"]["step"]
+    def run(self):
+        step, path = self.payload["run"]["step"], self.path
         if threading.current_thread() is not threading.main_thread():
             with changed:
                 if "behind" in hold:
@@ -101,7 +101,7 @@ def install(hold: dict[str, Any]) -> None:
                     changed.wait_for(lambda: state["signalled"])
                     log({"event": "released", "step": step, "file": path.name,
                          "updates": state["updates"]})
-        result = real_write(payload, path, *args, **kwargs)
+        result = real_run(self)
         if hold.get("until_signal") is not None:
             log({"event": "published", "step": step, "file": path.name})
         return result
@@ -116,7 +116,7 @@ def install(hold: dict[str, Any]) -> None:
     Learner.update = update
     writer.CheckpointWriter.settle = settle
     StopRequest._handle = handle
-    writer._write = write
+    writer.FileSave.run = run
     SupervisedTrainer.save = save
 
 

@@ -6,8 +6,8 @@ checkpoint modules on their own, without the trainer.
 Trains a small MLP (uneven dim-0 sizes: 33 rows over 2 ranks) 20 Adam updates twice: sharded
 with FSDP2 and replicated with a hand-written weighted all-reduce (the DDP arithmetic); rank r
 weighs its loss by r + 1 and rank 1 has zero weight every third update. Then saves the sharded
-state with ShardedWriter in the background, restores it into a fresh sharded model, and
-writes OUT_DIR/result_RANK.pt for the test to compare.
+state (a ShardSave job on a background CheckpointWriter), restores it into a fresh sharded
+model, and writes OUT_DIR/result_RANK.pt for the test to compare.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch import nn
 
 from embodichain.core.checkpoint.sharded import restore_shard, shard_relpath, shard_state
-from embodichain.core.checkpoint.sharded_writer import ShardedWriter
+from embodichain.core.checkpoint.sharded_writer import ShardSave, release_save_group, save_group
+from embodichain.core.checkpoint.writer import CheckpointWriter
 from embodichain.core.distributed.sharding import divide_gradients, local, shard_model
 
 
@@ -68,11 +69,12 @@ def main(out: Path) -> None:
     model = shard_model(make_model(), device, blocks=[])
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     train(model, optimizer, range(10), sharded=True)
-    writer = ShardedWriter(background=True)
+    writer, group = CheckpointWriter(background=True), save_group()
     run = {"step": 10, "run_id": "r", "world_size": 2, "config_sha256": "c"}
     state = shard_state(model, optimizer, None, {"rng": torch.get_rng_state()})
     manifest = {"run": run} if rank == 0 else None
-    writer.write(out, shard_relpath(10, "tok", rank), run, state, manifest, out / "last.pt")
+    writer.write(ShardSave(out, shard_relpath(10, "tok", rank), run, state, manifest,
+                           out / "last.pt", group=group))
     train(model, optimizer, range(10, 20), sharded=True)  # while the save runs
     failure = writer.settle()
     assert failure is None, failure
@@ -88,7 +90,8 @@ def main(out: Path) -> None:
     restore_shard(fresh, fresh_opt, read_shard(out, data, rank)["payload"])
     train(fresh, fresh_opt, range(10, 20), sharded=True)
     resumed = {k: local(v).clone() for k, v in fresh.state_dict().items()}
-    writer.release()
+    writer.settle()
+    release_save_group(group)
     torch.save({"plain": plain.state_dict(), "sharded_full": sharded_full,
                 "after_20": after_20, "resumed": resumed}, out / f"result_{rank}.pt")
     dist.destroy_process_group()

@@ -1,8 +1,9 @@
 """Writing sharded checkpoints: every rank its own shard, in parallel; rank 0 the manifest,
 once every shard is durable (R-SHARD-2, with R-CKPT-2/8 kept).
 
-At a save boundary each rank copies its shard into reused CPU buffers (the only pause of
-training, as for a gathered save) and a thread of each rank then digests, serialises and
+A `ShardSave` is the job each rank hands its `CheckpointWriter` (writer.py): at a save
+boundary each rank copies its shard into reused CPU buffers (the only pause of training, as
+for a gathered save) and the writer's thread of each rank then digests, serialises and
 fsyncs it. The threads then meet in a collective of their own (a separate gloo group, so
 they never interleave with training's collectives on the default group): rank 0 learns
 every shard's digest or failure, writes the manifest atomically (or records the failure),
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,89 +48,52 @@ class ShardedSaveFailure(SaveFailure):
         return f"saving sharded checkpoint {self.path} failed"
 
 
-class ShardedWriter:
-    """Writes sharded checkpoints on every rank: in a background thread, else inline.
-
-    Created on every rank at the same point (it creates its own process group).
-    """
-
-    def __init__(self, background: bool) -> None:
-        self.background = background
-        self._group = dist.new_group(backend="gloo") if dist.is_initialized() else None
-        self._rank = dist.get_rank() if dist.is_initialized() else 0
-        self._staging = StagingArea()
-        self._thread: threading.Thread | None = None
-        self._failure: SaveFailure | None = None
-
-    @property
-    def staged_bytes(self) -> int:
-        return self._staging.nbytes
-
-    @property
-    def failure(self) -> SaveFailure | None:
-        return self._failure
-
-    def write(self, directory: Path, relpath: str, run: Mapping[str, Any],
-              shard: dict[str, Any], manifest: dict[str, Any] | None, path: Path, *,
-              also_as: Path | None = None,
-              before_publish: Callable[[], None] | None = None,
-              after_publish: Callable[[], None] | None = None) -> None:
-        """Write this rank's `shard` to `directory/relpath`; rank 0 (holding `manifest`,
-        the payload without shards) then publishes `path` (and `also_as`). Collective."""
-        self.settle()
-        if self._failure is not None:  # every rank knows it: none of them writes on
-            return
-        job = _Save(directory, relpath, dict(run), shard, manifest, path, also_as,
-                    before_publish, after_publish, self._rank, self._group)
-        if not self.background:
-            self._failure = job.run()
-            return
-        try:
-            job.shard = self._staging.copy(shard)
-            job.manifest = self._staging.copy(manifest) if manifest is not None else None
-        except Exception as exc:
-            job.staging_error = f"{type(exc).__name__}: {exc}"
-        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True,
-                                        name=f"embodichain-save-{path.name}")
-        self._thread.start()
-
-    def _run(self, job: _Save) -> None:
-        try:
-            self._failure = job.run()
-        except BaseException as exc:  # a broken collective: kept for the training thread
-            self._failure = ShardedSaveFailure(job.path, failure_reason(exc, job.path))
-
-    def settle(self) -> SaveFailure | None:
-        """Wait for this rank's save in flight; the failure of any rank's save, if any."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
-            self._thread = None
-        return self._failure
-
-    def release(self) -> None:
-        """Free the writer's group (before the default group is destroyed)."""
-        self.settle()
-        if self._group is not None:
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(self._group)
-            self._group = None
+def save_group() -> Any:
+    """The process group of sharded saves (created on every rank at the same point, as
+    `new_group` requires; None in one process): the writers' threads meet in it, never in
+    the default group that training uses."""
+    return dist.new_group(backend="gloo") if dist.is_initialized() else None
 
 
-class _Save:
-    """One sharded save, as run by each rank (inline or on its writer thread)."""
+def release_save_group(group: Any) -> None:
+    """Free a `save_group` (after the save in flight, before the default group goes)."""
+    if group is not None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group(group)
 
-    def __init__(self, directory: Path, relpath: str, run: dict[str, Any],
-                 shard: dict[str, Any], manifest: dict[str, Any] | None, path: Path,
-                 also_as: Path | None, before_publish: Callable[[], None] | None,
-                 after_publish: Callable[[], None] | None, rank: int, group: Any) -> None:
-        self.directory, self.relpath, self.identity = directory, relpath, run
+
+class ShardSave:
+    """One rank's part of one sharded save (a `SaveJob` of checkpoint/writer.py): its shard,
+    then, on rank 0, the manifest once every shard is durable. Every rank runs it, inline
+    or on its writer's thread, and all meet in `group`."""
+
+    def __init__(self, directory: Path, relpath: str, run: Mapping[str, Any],
+                 shard: dict[str, Any], manifest: dict[str, Any] | None, path: Path, *,
+                 also_as: Path | None = None,
+                 before_publish: Callable[[], None] | None = None,
+                 after_publish: Callable[[], None] | None = None, group: Any = None) -> None:
+        """`manifest`: rank 0's payload without shards (None on the other ranks)."""
+        self.directory, self.relpath, self.identity = directory, relpath, dict(run)
         self.shard, self.manifest, self.path, self.also_as = shard, manifest, path, also_as
         self.before_publish, self.after_publish = before_publish, after_publish
-        self.rank, self.group = rank, group
+        self.group = group
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.staging_error: str | None = None
 
+    def stage(self, staging: StagingArea) -> None:
+        self.shard = staging.copy(self.shard)
+        self.manifest = staging.copy(self.manifest) if self.manifest is not None else None
+
+    def staging_failed(self, reason: str) -> None:
+        self.staging_error = reason  # still meets the others, to tell them
+
     def run(self) -> SaveFailure | None:
+        try:
+            return self._run()
+        except BaseException as exc:  # a broken collective: kept for the training thread
+            return ShardedSaveFailure(self.path, failure_reason(exc, self.path))
+
+    def _run(self) -> SaveFailure | None:
         mine = self._write_shard()
         entries = self._gather(mine)
         outcome: dict[str, Any] = {"failure": None, "live": None}

@@ -11,6 +11,8 @@ tensors (Adam's `step` lives on the CPU even for a CUDA model), and the next upd
 them in place. Skipping the copy for CPU tensors would save a later state than the
 boundary's (the bug torch's DCP `async_save` once shipped).
 
+The writer runs save jobs (`SaveJob`): rank 0's whole-file save (`FileSave`, DDP) or each
+rank's shard save (checkpoint/sharded_writer.py, FSDP); the thread hand-off is this one.
 A background failure is kept here until the trainer asks (`failure`), which it does before
 every update, so that rank 0 can tell every rank through the update's all-reduce; and at
 every save boundary and at the end, where rank 0 waits for the write in flight.
@@ -24,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -103,11 +105,28 @@ class StagingArea:
         return buffer
 
 
-class CheckpointWriter:
-    """Writes checkpoints on rank 0: in a background thread (`background=True`), else inline.
+class SaveJob(Protocol):
+    """One rank's part of one save, as `CheckpointWriter` runs it.
 
-    `write()` stages the payload and returns; `settle()` waits for the save in flight.
-    Inline, `write()` raises what the write raised, as a synchronous save always did.
+    `stage` runs on the training thread (the copy of the live state, the only pause of
+    training); `run` writes, on the writer's thread or inline, and returns the save's
+    failure (any rank's, when the ranks meet in it) or None.
+    """
+
+    path: Path
+
+    def stage(self, staging: StagingArea) -> None: ...
+
+    def staging_failed(self, reason: str) -> None: ...
+
+    def run(self) -> SaveFailure | None: ...
+
+
+class CheckpointWriter:
+    """Runs a rank's save jobs: in a background thread (`background=True`), else inline.
+
+    `write()` stages the job and returns; `settle()` waits for the save in flight and
+    returns the failure of any save, which is kept: nothing is written after it.
     """
 
     def __init__(self, background: bool) -> None:
@@ -123,44 +142,37 @@ class CheckpointWriter:
 
     @property
     def failure(self) -> SaveFailure | None:
-        """The background save that failed, if one did (read without waiting)."""
+        """The save that failed, if one did (read without waiting)."""
         return self._failure
 
-    def write(self, payload: dict[str, Any], path: Path, *, also_as: Path | None = None,
-              before_publish: Callable[[], None] | None = None,
-              after_publish: Callable[[], None] | None = None) -> None:
-        """Write `payload` to `path` (and `also_as`), atomically and verified on load.
-
-        `before_publish` runs once the checkpoint is serialised, before any name of it
-        appears (metrics.jsonl made durable up to its step); `after_publish` once it is in
-        place (retention: it only ever sees complete files, never the one being written).
-        """
-        if not self.background:
-            _write(payload, path, also_as, before_publish, after_publish)
-            return
+    def write(self, job: SaveJob) -> None:
+        """Run `job`: staged now, written on the thread (or inline, then its failure is
+        `failure` on return)."""
         self.settle()  # one in flight at most: the buffers are free again after this
         if self._failure is not None:
             return  # the run stops at the next boundary; nothing after a failure is written
-        try:
-            staged = self._staging.copy(payload)
-        except Exception as exc:  # e.g. out of memory for the copy: the same as a failed write
-            self._failure = SaveFailure(path, failure_reason(exc, path))
+        if not self.background:
+            try:
+                self._failure = job.run()
+            except Exception as exc:  # every rank must hear of it, or the others would hang
+                self._failure = SaveFailure(job.path, failure_reason(exc, job.path))
             return
-        self._thread = threading.Thread(
-            target=self._run, args=(staged, path, also_as, before_publish, after_publish),
-            name=f"embodichain-save-{path.name}", daemon=True)
+        try:
+            job.stage(self._staging)
+        except Exception as exc:  # e.g. out of memory for the copy: the job reports it (a
+            job.staging_failed(f"{type(exc).__name__}: {exc}")  # sharded one still meets)
+        self._thread = threading.Thread(target=self._run, args=(job,), daemon=True,
+                                        name=f"embodichain-save-{job.path.name}")
         self._thread.start()
 
-    def _run(self, payload: dict[str, Any], path: Path, also_as: Path | None,
-             before_publish: Callable[[], None] | None,
-             after_publish: Callable[[], None] | None) -> None:
+    def _run(self, job: SaveJob) -> None:
         try:
-            _write(payload, path, also_as, before_publish, after_publish)
+            self._failure = job.run()
         except BaseException as exc:  # kept for the training thread, which stops every rank
-            self._failure = SaveFailure(path, failure_reason(exc, path))
+            self._failure = SaveFailure(job.path, failure_reason(exc, job.path))
 
     def settle(self) -> SaveFailure | None:
-        """Wait for the save in flight (if any); the failure of any background save."""
+        """Wait for the save in flight (if any); the failure of any save."""
         thread = self._thread
         if thread is not None:
             thread.join()
@@ -168,15 +180,35 @@ class CheckpointWriter:
         return self._failure
 
 
-def _write(payload: dict[str, Any], path: Path, also_as: Path | None,
-           before_publish: Callable[[], None] | None,
-           after_publish: Callable[[], None] | None) -> None:
-    checkpoint = make_checkpoint(payload)  # the digest of exactly what is saved
-    if before_publish is not None:
-        before_publish()
-    write_checkpoint(checkpoint, path, also_as=also_as)
-    if after_publish is not None:
-        after_publish()
+class FileSave:
+    """Rank 0's save of a whole payload into one checkpoint file (and `also_as`)."""
+
+    def __init__(self, payload: dict[str, Any], path: Path, *, also_as: Path | None = None,
+                 before_publish: Callable[[], None] | None = None,
+                 after_publish: Callable[[], None] | None = None) -> None:
+        """`before_publish` runs once the checkpoint is serialised, before any name of it
+        appears (metrics.jsonl made durable up to its step); `after_publish` once it is in
+        place (retention: it only ever sees complete files, never the one being written)."""
+        self.payload, self.path, self.also_as = payload, path, also_as
+        self.before_publish, self.after_publish = before_publish, after_publish
+        self._staging_error: str | None = None
+
+    def stage(self, staging: StagingArea) -> None:
+        self.payload = staging.copy(self.payload)
+
+    def staging_failed(self, reason: str) -> None:
+        self._staging_error = reason
+
+    def run(self) -> SaveFailure | None:
+        if self._staging_error is not None:
+            return SaveFailure(self.path, self._staging_error)
+        checkpoint = make_checkpoint(self.payload)  # the digest of exactly what is saved
+        if self.before_publish is not None:
+            self.before_publish()
+        write_checkpoint(checkpoint, self.path, also_as=self.also_as)
+        if self.after_publish is not None:
+            self.after_publish()
+        return None
 
 
 class SaveClock:

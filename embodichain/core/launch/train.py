@@ -225,16 +225,8 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
     if outcome.failed is not None:
         process_group.wait_for_rank_zero_exit(outcome.origin)
         raise TrainingError(f"preparing the run failed on rank 0: {outcome.failed}")
-    if outcome.restore:
-        common = {k: v for k, v in payload.items() if k != "ranks"} if payload else None
-        common = process_group.broadcast_from_rank_zero(common)
-        if "sharded" in common:  # each rank reads its own shard file (R-SHARD-2)
-            trainer.restore(common)
-            return outcome
-        parts = ([payload["ranks"][r] for r in range(process_group.world_size())]
-                 if payload is not None else None)
-        own = process_group.scatter_from_rank_zero(parts)
-        trainer.restore({**common, "ranks": {process_group.rank(): own}})
+    if outcome.restore:  # each rank receives what its strategy restores from
+        trainer.restore_from_rank_zero(payload)
     return outcome
 
 

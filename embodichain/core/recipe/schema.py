@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from embodichain.core.recipe.logger_names import check_logger_name
+from embodichain.core.recipe.strategy_limits import strategy_problems
 
 # Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
 # value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
@@ -155,6 +156,13 @@ class TrainerConfig(Section):
     state sharded over the ranks with FSDP2, each rank saving its own shard."""
     fsdp: FsdpConfig | None = None
     """Options of `strategy: fsdp` (null: the defaults)."""
+
+    @model_validator(mode="after")
+    def _strategy_runs_these_settings(self) -> TrainerConfig:
+        problems = strategy_problems(self.strategy, self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class OptimizerConfig(Section):

@@ -1,19 +1,22 @@
 """A trainer's snapshots: what a checkpoint holds, when and how it is written, and how a
 rank takes its part back (R-CKPT-1..9, R-VAL-2).
 
-At a save every rank captures its own state (RNG streams, sampler position, buffers) and
-rank 0 gathers it with the learner's state, which is the same on every rank. Rank 0 writes
-through one `CheckpointWriter` (in the background unless `trainer.async_save` is off), with
-at most one save in flight; a save that fails stops every rank at the next boundary. During
-validation the state committed before it is kept, so that a callback's `save()` on rank 0
-needs no collective.
+At a save every rank captures its own state (RNG streams, sampler position, buffers); the
+strategy adds the learner's state and turns the snapshot into this rank's save job (DDP:
+everything gathered to rank 0, which writes one file; FSDP: every rank its shard, rank 0
+the manifest). One `CheckpointWriter` per rank runs the jobs, in the background unless
+`trainer.async_save` is off, with at most one save in flight; a save that fails stops every
+rank at the next boundary. A save asked for during validation (a callback's `save()` on
+rank 0) is remembered and written by every rank together as validation ends: validation
+changes no training state, so it is the state of the update validated, and no collective
+runs inside the callback.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,7 +33,6 @@ from embodichain.core.checkpoint.writer import (
     CheckpointWriter,
     SaveClock,
     SaveFailure,
-    failure_reason,
     rank_zero_note,
 )
 from embodichain.core.data.samplers import Sampler
@@ -39,6 +41,7 @@ from embodichain.core.recipe.best import BestTracker
 from embodichain.core.recipe.schema import TrainerConfig
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.learner import Learner
+from embodichain.core.training.strategies import Snapshot
 
 
 @dataclass
@@ -48,15 +51,6 @@ class RunContext:
     directory: Path
     identity: dict[str, Any]  # run_id, factory, config, config_sha256, source_identity, ...
     metrics: MetricsWriter | None = None
-
-
-@dataclass
-class CommittedState:
-    """Every rank's state after an update, gathered on rank 0 (None elsewhere)."""
-
-    step: int
-    ranks: dict[int, dict[str, Any]] | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Checkpointed(Protocol):
@@ -79,7 +73,8 @@ class Checkpointing:
         self.keep_last = trainer.keep_last
         self.writer = CheckpointWriter(trainer.async_save)
         self.clock = SaveClock(trainer.save_every_s)  # rank 0's clock (R-CKPT-9)
-        self._committed: CommittedState | None = None  # set only while validating
+        self._validating = False
+        self._deferred: list[Path] = []
 
     def rank_zero_note(self) -> float:
         """Rank 0's note for the next update's all-reduce: a time-based save is due, or a
@@ -90,22 +85,21 @@ class Checkpointing:
     def save(self, trainer: Checkpointed, path: Path) -> Path:
         """Write a snapshot of `trainer` to `path` (a step file also as last.pt).
 
-        Collective, except while `committed()` is open (a validation callback on rank 0):
-        then the state committed before validation is written without any collective.
+        Collective, except during validation (a callback on rank 0): then the save is
+        written by every rank as validation ends.
         """
-        also_last = self.also_last(trainer, path)
-        if self._committed is not None:
-            self._write(trainer, self._committed, path, also_last)
+        if self._validating:
+            self._deferred.append(path)
             return path
-        # One save in flight at most: rank 0 first waits for the previous one (the others
-        # wait in the capture's gather), which may have failed.
-        failure = self.writer.settle() if process_group.is_rank_zero() else None
-        committed = self.capture(trainer)
-        if process_group.is_rank_zero() and failure is None:
-            try:
-                self._write(trainer, committed, path, also_last)
-            except Exception as exc:  # every rank must hear of it, or the others would hang
-                failure = SaveFailure(path, failure_reason(exc, path))
+        also_last = self.also_last(trainer, path)
+        # One save in flight at most: each rank first waits for its previous one, which may
+        # have failed (rank 0's failure is every rank's through `end_save`).
+        failure = self.writer.settle()
+        job = trainer.learner.strategy.save_job(trainer.learner,
+                                                self._snapshot(trainer, path, also_last))
+        if failure is None and job is not None:
+            self.writer.write(job)
+            failure = None if self.writer.background else self.writer.failure
         return self.end_save(trainer, path, failure, also_last)
 
     @staticmethod
@@ -122,25 +116,46 @@ class Checkpointing:
         return path
 
     @contextlib.contextmanager
-    def committed(self, trainer: Checkpointed) -> Iterator[None]:
-        """While validating: the state of this update, captured from every rank first."""
-        self._committed = self.capture(trainer)
+    def validating(self, trainer: Checkpointed) -> Iterator[None]:
+        """While validating (every rank): saves wait for its end, then every rank writes
+        them together. Not after a failure that stops this rank: its peers may be inside a
+        collective of the validation itself."""
+        self._validating = True
         try:
             yield
-        finally:
-            self._committed = None
+        except BaseException:
+            self._validating, self._deferred = False, []
+            raise
+        self._validating = False
+        deferred = process_group.broadcast_from_rank_zero(
+            [str(p) for p in self._deferred] if process_group.is_rank_zero() else None)
+        self._deferred = []
+        for path in deferred:
+            self.save(trainer, Path(path))
 
-    def capture(self, trainer: Checkpointed) -> CommittedState:
+    def _snapshot(self, trainer: Checkpointed, path: Path, also_last: bool) -> Snapshot:
+        run = require_run(trainer)
         own = {"rng": capture_rng(self.device), "sampler": trainer.sampler.state_dict(),
                "buffers": capture_buffers(trainer.learner.model)}
-        with process_group.waiting_for_others(f"the state of update {trainer.step}",
-                                              on_rank_zero=True):
-            gathered = process_group.gather_to_rank_zero(own)
-        ranks = dict(enumerate(gathered)) if gathered is not None else None
-        return CommittedState(trainer.step, ranks)
+        payload, durable = None, None
+        if process_group.is_rank_zero():
+            payload = {"run": {**run.identity, "step": trainer.step,
+                               "metrics": dict(trainer.last_metrics),
+                               "best_tracker": trainer.tracker.state_dict()},
+                       "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
+                                     if hasattr(cb, "state_dict")}}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            metrics = run.metrics  # durable up to this step before the snapshot is published;
+            durable = (None if metrics is None  # from the writer's thread: fsync, never write
+                       else metrics.fsync if self.writer.background else metrics.sync)
+        return Snapshot(trainer.step, path, run.directory, run.identity, own, payload,
+                        also_as=path.parent / LAST if also_last else None,
+                        before_publish=durable,
+                        after_publish=(lambda: self._apply_retention(path.parent))
+                        if also_last else None)
 
     def settle(self) -> SaveFailure | None:
-        """Wait for the save in flight (rank 0); its failure, if it failed."""
+        """Wait for this rank's save in flight; its failure, if it failed."""
         return self.writer.settle()
 
     def stop_if_failed(self, failure: SaveFailure | None, step: int) -> None:
@@ -148,27 +163,6 @@ class Checkpointing:
         process_group.raise_if_rank_zero_failed(
             failure.reason if failure else None, failure.what if failure else "",
             f"rank 0 at update {step}")
-
-    def _write(self, trainer: Checkpointed, committed: CommittedState, path: Path,
-               also_last: bool) -> None:
-        run = require_run(trainer)
-        payload = {
-            "run": {**run.identity, "step": committed.step,
-                    "metrics": dict(trainer.last_metrics),
-                    "best_tracker": trainer.tracker.state_dict()},
-            "learner": trainer.learner.state_dict(),
-            "ranks": committed.ranks,
-            "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
-                          if hasattr(cb, "state_dict")},
-        }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        metrics = run.metrics  # durable up to this step before the snapshot is published;
-        durable = (None if metrics is None  # from the writer's thread: fsync, never write
-                   else metrics.fsync if self.writer.background else metrics.sync)
-        self.writer.write(payload, path, also_as=path.parent / LAST if also_last else None,
-                          before_publish=durable,
-                          after_publish=(lambda: self._apply_retention(path.parent))
-                          if also_last else None)
 
     def _apply_retention(self, directory: Path) -> None:
         if self.keep_last is None:
@@ -178,9 +172,8 @@ class Checkpointing:
 
     def restore(self, trainer: Checkpointed, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
-        trainer.learner.load_state_dict(payload["learner"])
-        restore_rank_and_run(trainer, payload["ranks"][process_group.rank()], payload,
-                             self.device)
+        mine = trainer.learner.strategy.restore(trainer.learner, payload)
+        restore_rank_and_run(trainer, mine, payload, self.device)
 
 
 def restore_rank_and_run(trainer: Checkpointed, mine: Mapping[str, Any],

@@ -1,46 +1,32 @@
-"""The learner: model, optimizer, schedule, precision, and the weighted DDP update (R-DIST-3).
+"""The learner: model, optimizer, schedule, precision and the weighted update (R-DIST-3).
 
-One optimizer update represents `sum_r(w_r * l_r) / sum_r(w_r)` over all ranks. Each rank
-back-propagates its weighted sum `w_r * l_r`; a DDP communication hook appends the local
-`[w_r, w_r * l_r, w_r * m_r..., stop_r, note_r]` to every gradient bucket, so a single
-all-reduce per bucket yields the gradient sums, the global weight (which it divides by),
-whether any rank was asked to stop (R-SIG-1) and rank 0's note about saves (R-CKPT-8/9).
-That is one collective per update instead of the two (weight, then gradients) of a
-hand-written loop, and a stop costs no collective of its own.
-
-With `trainer.grad_accumulation: K` (R-LOOP-1) an update runs K micro-batches: the first
-K-1 backward passes accumulate locally under DDP's `no_sync`, their statistics are summed,
-and the hook runs once, on the last one, so the update is still
-`sum_{r,k}(w_rk * l_rk) / sum_{r,k}(w_rk)` with one all-reduce.
+One optimizer update represents `sum_{r,k}(w_rk * l_rk) / sum_{r,k}(w_rk)` over every rank
+and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how the
+micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
+FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
+non-finite update, the EMA, the schedule and the update's figures.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from embodichain.core.distributed import sharding
-from embodichain.core.distributed.process_group import is_distributed
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
-from embodichain.core.training.ema import Ema
 from embodichain.core.training.nonfinite import nonfinite_loss
-from embodichain.core.training.objective import LossResult, Objective, check_loss_result
+from embodichain.core.training.objective import LossResult, Objective
 from embodichain.core.training.param_groups import (
     ParamGroups,
     build_optimizer,
     build_param_groups,
 )
-from embodichain.core.training.precision import Precision, autocast, compiled
-from embodichain.core.training.sharded_ema import ShardedEma
+from embodichain.core.training.precision import Precision
+from embodichain.core.training.strategies import Strategy, make_strategy
 
 Batch = dict[str, torch.Tensor]
 
@@ -67,37 +53,6 @@ def lr_factor(config: SchedulerConfig | None, base_lr: float, max_updates: int
     return factor
 
 
-# torch >= 2.12 renamed `broadcast_buffers`; both mean: no buffer broadcast in forward.
-_DDP_PARAMETERS = inspect.signature(DistributedDataParallel).parameters
-_NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in _DDP_PARAMETERS
-                   else {"broadcast_buffers": False})
-
-
-class _ReduceState:
-    """What the communication hook reads (local statistics) and writes (global ones)."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self.local: torch.Tensor | None = None
-        self.reduced: torch.Tensor | None = None
-
-
-def _weighted_allreduce_hook(state, bucket):  # DDP checks these annotations at run time
-    """Comm hook: all-reduce `[grads, weight, weighted sums]`, return `grads / weight`."""
-    grads = bucket.buffer()
-    n = grads.numel()
-    packed = torch.cat([grads, state.local.to(grads.dtype)])
-    work = dist.all_reduce(packed, group=state.group, async_op=True)
-
-    def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
-        total = fut.value()[0]
-        state.reduced = total[n:]
-        weight = total[n].clamp_min(torch.finfo(total.dtype).tiny)  # zero weight: zero grads
-        return total[:n].div_(weight)
-
-    return work.get_future().then(finish)
-
-
 @dataclass(frozen=True)
 class UpdateResult:
     """One update's global figures, the same on every rank.
@@ -121,7 +76,8 @@ class UpdateResult:
 
 
 class Learner:
-    """Owns the model (and its DDP wrap), optimizer, LR schedule, autocast and grad scaler."""
+    """Owns the model (spread over the ranks by its strategy), optimizer, LR schedule,
+    autocast and grad scaler."""
 
     def __init__(
         self,
@@ -143,47 +99,25 @@ class Learner:
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
-        self.strategy = strategy
+        self.strategy: Strategy = make_strategy(strategy, device, precision)
         self.model = model.to(device).train()  # validation switches back after eval()
-        self._owns_group = False
-        if strategy == "fsdp":  # R-SHARD-1: parameters become DTensor shards, in place
-            self._owns_group = sharding.one_rank_group(device)
-            param_groups = _sharded(self.model, device, param_groups, shard_blocks,
-                                    precision, reshard_after_forward)
-            compile = False  # refused before (trainer), kept off here
+        param_groups = self.strategy.prepare(self.model, param_groups,
+                                             shard_blocks=shard_blocks,
+                                             reshard_after_forward=reshard_after_forward)
         self.optimizer = build_optimizer(
             build_param_groups(self.model, optimizer, param_groups), optimizer)
         self.grad_clip = optimizer.grad_clip
         self.base_lr = optimizer.lr
         self._lr_factor = lr_factor(scheduler, optimizer.lr, max_updates)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.ema: Ema | ShardedEma | None = None
-        if ema_decay is not None:
-            self.ema = (ShardedEma(self.model, ema_decay) if self.sharded
-                        else Ema(self.model, ema_decay))
+        self.ema = (self.strategy.make_ema(self.model, ema_decay) if ema_decay is not None
+                    else None)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        self._reduce = _ReduceState(dist.group.WORLD if is_distributed() else None)
-        # Compiled, the model trains through the compiled module; `self.model` (saved,
-        # validated, averaged) stays the plain one, sharing its parameters.
-        self.wrapped: nn.Module = compiled(self.model, device) if compile else self.model
-        self._ddp: DistributedDataParallel | None = None
-        if is_distributed() and not self.sharded:
-            ddp = DistributedDataParallel(
-                self.wrapped,
-                device_ids=[device] if device.type == "cuda" else None,
-                # Buffers are per-rank state (saved per rank); syncing them would also cost
-                # a collective per forward.
-                **_NO_BUFFER_SYNC,
-            )
-            ddp.register_comm_hook(self._reduce, _weighted_allreduce_hook)
-            self.wrapped = self._ddp = ddp
+        # What the forward runs through (compiled, DDP); `self.model` (saved, validated,
+        # averaged) stays the plain one, sharing its parameters.
+        self.wrapped: nn.Module = self.strategy.wrap(self.model, compile=compile)
         self.metric_names: list[str] | None = None
         self._flag_values = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
-
-    @property
-    def sharded(self) -> bool:
-        """Whether the model is sharded with FSDP2 (`trainer.strategy: fsdp`)."""
-        return self.strategy == "fsdp"
 
     @property
     def lr(self) -> float:
@@ -199,15 +133,15 @@ class Learner:
         come back summed over ranks.
         """
         flags = (stop, rank_zero_note)
-        totals = self._accumulate(objective, [batches] if isinstance(batches, Mapping)
-                                  else batches, flags)
+        totals = self.strategy.accumulate(
+            self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
+            self._local_statistics, self._flags(flags), self.scaler)
         nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
         skipped = totals[0] == 0.0 or nonfinite
         if not skipped:
             # A global batch with no weight does not step: Adam would still move parameters.
             if self.grad_clip is not None:
-                self.scaler.unscale_(self.optimizer)
-                nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+                self.strategy.clip(self.model, self.optimizer, self.scaler, self.grad_clip)
             self.scaler.step(self.optimizer)
             self.scaler.update()
             if self.ema is not None:
@@ -215,58 +149,6 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._result(totals, skipped, nonfinite)
-
-    def _accumulate(self, objective: Objective, micro_batches: Sequence[Batch],
-                    flags: tuple[float, float]) -> list[float]:
-        """Forward and backward of each micro-batch (R-LOOP-1); the global totals.
-
-        Only the last backward synchronises: the comm hook then all-reduces the gradients
-        accumulated over all micro-batches with their summed statistics and the flags.
-        """
-        if self.sharded:
-            return self._accumulate_sharded(objective, micro_batches, flags)
-        count = len(micro_batches)
-        summed = None
-        for k in range(count):
-            last = k == count - 1
-            with (self._ddp.no_sync() if self._ddp is not None and not last
-                  else contextlib.nullcontext()):
-                with autocast(self.precision, self.device):
-                    result = check_loss_result(objective(self.wrapped, micro_batches[k]),
-                                               objective)
-                local = self._local_statistics(result)
-                summed = local if summed is None else summed + local
-                if last:
-                    self._reduce.local = torch.cat([summed, self._flags(flags)])
-                self.scaler.scale(result.loss.float() * local[0]).backward()
-        if self._ddp is None:  # one process: reduce locally, same arithmetic
-            self._reduce.reduced = self._reduce.local
-            weight = summed[0].clamp_min(torch.finfo(summed.dtype).tiny)
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            torch._foreach_div_(grads, weight)
-        return self._reduce.reduced.tolist()
-
-    def _accumulate_sharded(self, objective: Objective, micro_batches: Sequence[Batch],
-                            flags: tuple[float, float]) -> list[float]:
-        """Under FSDP2: every backward but the last accumulates locally; the last one
-        reduce-scatters the summed gradients (SUM). The statistics and flags then take one
-        small all-reduce of their own, and each gradient shard is divided by the global
-        weight: the same update as DDP's (R-SHARD-1). Mixed precision is FSDP2's policy, so
-        there is no autocast."""
-        count = len(micro_batches)
-        summed = None
-        for k in range(count):
-            last = k == count - 1
-            sharding.set_gradient_sync(self.model, last)
-            result = check_loss_result(objective(self.wrapped, micro_batches[k]), objective)
-            local = self._local_statistics(result)
-            summed = local if summed is None else summed + local
-            (result.loss.float() * local[0]).backward()
-        totals = torch.cat([summed, self._flags(flags)])
-        dist.all_reduce(totals)
-        sharding.divide_gradients(self.model.parameters(), totals[0])
-        self._reduce.reduced = totals
-        return totals.tolist()
 
     def _local_statistics(self, result: LossResult) -> torch.Tensor:
         """`[w, w * loss, w * metric...]` of one micro-batch."""
@@ -296,66 +178,15 @@ class Learner:
     # -- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Model (unwrapped), optimizer, schedule and scaler state: identical on every rank.
-
-        Sharded, only the schedule and scaler (identical on every rank): the model,
-        optimizer and EMA are each rank's own shards (checkpoint/sharded.py)."""
-        if self.sharded:
-            return {"scheduler": self.scheduler.state_dict(),
-                    "grad_scaler": self.scaler.state_dict()}
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "grad_scaler": self.scaler.state_dict(),
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
-        }
+        """The learner's part of a checkpoint, as its strategy keeps it (DDP: model,
+        optimizer, schedule, scaler and EMA; FSDP: schedule and scaler, the rest in each
+        rank's shard)."""
+        return self.strategy.learner_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.sharded:
-            self.scheduler.load_state_dict(state["scheduler"])
-            if state.get("grad_scaler"):
-                self.scaler.load_state_dict(state["grad_scaler"])
-            return
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if state.get("grad_scaler"):
-            self.scaler.load_state_dict(state["grad_scaler"])
-        if self.ema is not None:
-            if "ema" not in state:
-                raise ValueError("the checkpoint holds no EMA weights (trained without "
-                                 "trainer.ema)")
-            self.ema.load_state_dict(state["ema"])
+        self.strategy.load_learner_state(self, state)
 
     def release(self) -> None:
-        """Drop the DDP wrapper and our reference to the group, so that both are freed
-        before the process group is destroyed (torch can abort at exit otherwise)."""
+        """Free the strategy's wrappers and groups before the process group is destroyed."""
         self.wrapped = self.model
-        self._ddp = None
-        self._reduce = _ReduceState(None)
-        if self._owns_group:  # a sharded run in one process: its one-rank group
-            self._owns_group = False
-            dist.destroy_process_group()
-
-
-def _sharded(model: nn.Module, device: torch.device, param_groups: ParamGroups | None,
-             blocks: Sequence[nn.Module], precision: str, reshard_after_forward: bool
-             ) -> list[dict[str, Any]] | None:
-    """Shard `model` with FSDP2 (its parameters are replaced by DTensor shards); the
-    factory's parameter groups, which name the old parameters, rebuilt on the new ones."""
-    names = {id(p): n for n, p in model.named_parameters()}
-    by_name = []
-    for i, group in enumerate(param_groups or ()):
-        params = list(group.get("params", ()))
-        unknown = [p for p in params if id(p) not in names]
-        if unknown:
-            raise ValueError(f"param_groups[{i}] holds a tensor that is not a parameter of "
-                             "the model")
-        by_name.append((group, [names[id(p)] for p in params]))
-    sharding.shard_model(model, device, blocks=blocks, precision=precision,
-                         reshard_after_forward=reshard_after_forward)
-    now = dict(model.named_parameters())
-    if param_groups is None:
-        return None
-    return [{**group, "params": [now[n] for n in listed]} for group, listed in by_name]
+        self.strategy.release()

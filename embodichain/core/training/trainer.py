@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,24 +26,15 @@ from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.snapshots import where_to_continue
 from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
-from embodichain.core.training.checkpointing import (
-    Checkpointing,
-    CommittedState,
-    RunContext,
-    require_run,
-)
+from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
 from embodichain.core.training.ema import validation_models
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
-from embodichain.core.training.sharded_checkpointing import (
-    ShardedCheckpointing,
-    check_strategy,
-    restore_sharded,
-)
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
+from embodichain.core.training.strategies import ValidationFailed
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -88,7 +78,6 @@ class SupervisedTrainer:
             # the factory's own callbacks keep their checkpoint keys whether or not it is on.
             self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         t = config.trainer
-        check_strategy(config)
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
@@ -103,11 +92,10 @@ class SupervisedTrainer:
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
-        # Saves go through one writer (rank 0 writes; in the background unless async_save
-        # is off), also those of validation callbacks (R-CKPT-8, R-VAL-2).
-        # Sharded (trainer.strategy: fsdp): every rank writes its own shard (R-SHARD-2).
-        self.checkpoints = (ShardedCheckpointing(t, device) if self.learner.sharded
-                            else Checkpointing(t, device))
+        # Saves go through one writer per rank (in the background unless async_save is off),
+        # also those of validation callbacks (R-CKPT-8, R-VAL-2); the strategy says what
+        # each rank writes (R-SHARD-2).
+        self.checkpoints = Checkpointing(t, device)
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
         self.run_opener: Callable[[SupervisedTrainer, bool, StopRequest | None],
@@ -244,28 +232,28 @@ class SupervisedTrainer:
     # -- validation --------------------------------------------------------------------
 
     def _validate(self, progress: ProgressReporter) -> None:
-        """Rank 0 evaluates the unwrapped model; callbacks may `save()` the committed state."""
+        """The strategy evaluates where it validates (DDP: rank 0; FSDP: every rank);
+        rank 0 records, and its callbacks may `save()` (written as validation ends)."""
         if self.evaluate is None:
             return
         failure = None
-        with self.checkpoints.committed(self):
-            if process_group.is_rank_zero():
-                try:
-                    metrics = self._evaluate()
+        with self.checkpoints.validating(self):
+            try:
+                metrics = self.learner.strategy.validate(self._evaluate, self.step)
+                if metrics is not None:  # rank 0
                     self._record(metrics)
                     self._show_validation(progress, metrics)
                     early = self.config.trainer.early_stop
                     self.tracker.observe(self.step, metrics, early.min_delta if early else 0.0)
                     for callback in self.callbacks:
                         callback.on_validation(self, metrics)
-                except MetricMissing as exc:  # the recipe's mistake: its message only
-                    failure = str(exc)
-                except Exception as exc:
-                    failure = f"{type(exc).__name__}: {exc}"
-                    log.exception("validation failed at update %d", self.step)
-            elif self.learner.sharded:  # the sharded forward is collective: every rank runs it
-                with contextlib.suppress(Exception):  # rank 0 reports a failure
-                    self._evaluate()
+            except ValidationFailed:  # this rank stops alone (its peers may be in a collective)
+                raise
+            except MetricMissing as exc:  # the recipe's mistake: its message only
+                failure = str(exc)
+            except Exception as exc:
+                failure = f"{type(exc).__name__}: {exc}"
+                log.exception("validation failed at update %d", self.step)
         # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
         # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
         outcome = process_group.raise_if_rank_zero_failed(
@@ -307,22 +295,24 @@ class SupervisedTrainer:
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
-        if "sharded" in payload and not self.learner.sharded:
-            restore_sharded(self, payload, self.device)  # refuses, naming the strategy
         self.checkpoints.restore(self, payload)
+
+    def restore_from_rank_zero(self, payload: dict[str, Any] | None) -> None:
+        """Restore from a payload that rank 0 read (None on the other ranks): each rank
+        receives what its strategy needs of it (collective)."""
+        self.restore(self.learner.strategy.receive(payload))
 
     def attach(self, run: RunContext) -> None:
         self.run = run
 
     def close(self) -> None:
-        """Release the DDP wrapper and close the metrics file (before the group goes)."""
+        """Release the strategy's wrappers and groups and close the metrics file (before the
+        process group goes)."""
         self.checkpoints.settle()  # the writer's thread fsyncs metrics.jsonl: first
         self.loader.close()  # data workers end with the run
-        if isinstance(self.checkpoints, ShardedCheckpointing):
-            self.checkpoints.release()  # its group goes before the default one
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()
 
 
-__all__ = ["CommittedState", "Evaluate", "RunContext", "SupervisedTrainer"]
+__all__ = ["Evaluate", "RunContext", "SupervisedTrainer"]

@@ -17,6 +17,7 @@ from embodichain.core.checkpoint.writer import (
     SAVE_DUE,
     SAVE_FAILED,
     CheckpointWriter,
+    FileSave,
     SaveClock,
     StagingArea,
     rank_zero_note,
@@ -50,9 +51,10 @@ def test_the_staged_copy_is_the_boundarys_and_reuses_its_buffers() -> None:
 def test_a_background_write_is_published_and_verifies(tmp_path: Path) -> None:
     writer = CheckpointWriter(background=True)
     order: list[str] = []
-    writer.write(payload(3, torch.ones(4)), tmp_path / "step_3.pt", also_as=tmp_path / "last.pt",
-                 before_publish=lambda: order.append("metrics durable"),
-                 after_publish=lambda: order.append("retention"))
+    writer.write(FileSave(payload(3, torch.ones(4)), tmp_path / "step_3.pt",
+                          also_as=tmp_path / "last.pt",
+                          before_publish=lambda: order.append("metrics durable"),
+                          after_publish=lambda: order.append("retention")))
     assert writer.settle() is None
     assert order == ["metrics durable", "retention"]
     for name in ("step_3.pt", "last.pt"):
@@ -73,7 +75,7 @@ def test_a_failed_background_write_is_kept_named_and_stops_further_writes(
 
     monkeypatch.setattr(os, "replace", full_disk)
     writer = CheckpointWriter(background=True)
-    writer.write(payload(5, torch.ones(2)), tmp_path / "step_5.pt")
+    writer.write(FileSave(payload(5, torch.ones(2)), tmp_path / "step_5.pt"))
     failure = writer.settle()
     assert failure is not None and failure.path == tmp_path / "step_5.pt"
     assert failure.message.startswith(f"saving checkpoint {tmp_path / 'step_5.pt'} failed on "
@@ -81,20 +83,22 @@ def test_a_failed_background_write_is_kept_named_and_stops_further_writes(
                                       "the checkpoint needs ")
     assert failure.message.endswith(f" ({tmp_path / 'step_5.pt'})")
     assert rank_zero_note(writer, SaveClock(None)) == SAVE_FAILED
-    writer.write(payload(6, torch.ones(2)), tmp_path / "step_6.pt")
+    writer.write(FileSave(payload(6, torch.ones(2)), tmp_path / "step_6.pt"))
     assert writer.settle() is failure
     assert list(tmp_path.iterdir()) == []  # nothing published, no temp file left
 
 
-def test_an_inline_write_raises_as_a_synchronous_save_did(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch
-                                                          ) -> None:
+def test_an_inline_write_fails_at_once_naming_the_file(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches an inline failure lost (the trainer reads `failure` right after the write)."""
     def fail(*args, **kwargs):
         raise OSError(errno.EACCES, "Permission denied", str(tmp_path / "x"))
 
     monkeypatch.setattr(writer_module, "write_checkpoint", fail)
-    with pytest.raises(PermissionError):
-        CheckpointWriter(background=False).write(payload(1, torch.ones(1)), tmp_path / "a.pt")
+    writer = CheckpointWriter(background=False)
+    writer.write(FileSave(payload(1, torch.ones(1)), tmp_path / "a.pt"))
+    assert writer.failure is not None and writer.failure.path == tmp_path / "a.pt"
+    assert writer.failure.reason == f"Permission denied ({tmp_path / 'x'})"
 
 
 def test_one_save_in_flight_at_most(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,10 +113,11 @@ def test_one_save_in_flight_at_most(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(writer_module, "write_checkpoint", held)
     writer = CheckpointWriter(background=True)
-    writer.write(payload(1, torch.ones(3)), tmp_path / "step_1.pt")
+    writer.write(FileSave(payload(1, torch.ones(3)), tmp_path / "step_1.pt"))
     assert started.wait(30)
     second = threading.Thread(target=writer.write,
-                              args=(payload(2, torch.full((3,), 2.0)), tmp_path / "step_2.pt"))
+                              args=(FileSave(payload(2, torch.full((3,), 2.0)),
+                                             tmp_path / "step_2.pt"),))
     second.start()
     second.join(0.2)
     assert second.is_alive()  # waiting for the first write
