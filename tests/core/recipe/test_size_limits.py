@@ -80,6 +80,27 @@ def test_machine_limits_refuse_and_warn_by_the_machine_given(tmp_path: Path) -> 
     assert verdict.problems[0].startswith("trainer.grad_accumulation: an update draws")
 
 
+def test_the_machine_limits_accept_exactly_what_fits(tmp_path: Path) -> None:
+    """Catches an off-by-one at each machine limit: `workers >= process_limit` (50 workers
+    under a limit of 50 refused) and `>=` against the memory (the workers that exactly fill
+    it refused); one more is refused in each case, per rank counted (25 x 2 ranks at 50).
+    The machine is injected: nothing is forked."""
+    at_limit = Machine(cpus=64, process_limit=50)
+    for workers, ranks in ((50, 1), (25, 2)):
+        verdict = machine_verdict(_config(tmp_path, **{"trainer.data_workers": workers}),
+                                  ranks, at_limit)
+        assert verdict.problems == [], (workers, ranks)
+    for workers, ranks in ((51, 1), (26, 2)):
+        verdict = machine_verdict(_config(tmp_path, **{"trainer.data_workers": workers}),
+                                  ranks, at_limit)
+        assert len(verdict.problems) == 1 and "exceed the 50 processes" in verdict.problems[0]
+    filled = Machine(cpus=64, memory_bytes=40 * WORKER_BYTES)
+    assert machine_verdict(_config(tmp_path, **{"trainer.data_workers": 40}), 1,
+                           filled).problems == []
+    over = machine_verdict(_config(tmp_path, **{"trainer.data_workers": 41}), 1, filled)
+    assert len(over.problems) == 1 and "at most 40 per rank fit" in over.problems[0]
+
+
 def test_train_sl_and_validate_config_refuse_before_anything_starts(tmp_path: Path) -> None:
     """Catches `train-sl` starting a run for a size that is refused (the recipe's source is
     in memory, so the old code trained it without forking: exit 0, a run directory)."""
