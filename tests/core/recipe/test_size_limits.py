@@ -117,6 +117,38 @@ def test_train_sl_and_validate_config_refuse_before_anything_starts(tmp_path: Pa
         assert not run.exists()
 
 
+def test_nproc_per_node_counts_its_ranks_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches `train-sl --nproc-per-node 2` checking the machine for one rank (the
+    option's ranks not counted), and `resume --nproc-per-node 2` launching its workers
+    without checking at all (each worker refused only after the launch): under a process
+    limit of 5, 3 workers per rank fit once (a one-process run trains) but not twice, so
+    both commands must refuse (exit 2) before the launcher is called, with no run directory
+    created or changed. The limit is the one the check reads from this machine, set to 5;
+    the launcher is replaced by a recorder, so the bugs launch nothing either."""
+    from embodichain.core.launch import self_launch
+    from embodichain.core.recipe import machine_limits
+    from tests.support.cli import invoke
+
+    monkeypatch.setattr(machine_limits, "_process_limit", lambda: 5)
+    launched: list[tuple] = []
+    monkeypatch.setattr(self_launch, "launch", lambda *a: launched.append(a) or 0)
+    run, other = tmp_path / "run", tmp_path / "other"
+    recipe = str(write_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 2,
+                                                           "trainer.data_workers": 3}))
+    once = invoke("train-sl", "--config", recipe, "--no-progress")  # one rank: it fits
+    assert once.exit_code == 0, once.output
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    refused = "trainer.data_workers: 6 worker processes (3 per rank x 2 ranks) exceed the 5 "
+    for command in (["train-sl", "--config", recipe, "--set", f"trainer.output_dir={other}"],
+                    ["resume", str(run)]):
+        twice = invoke(*command, "--nproc-per-node", "2", "--no-progress")
+        assert twice.exit_code == 2, twice.output
+        assert refused in twice.stderr and "Nothing was started" in twice.stderr
+    assert launched == [] and not other.exists()
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
+
+
 def _limited(nproc: int | None, cpus: int | None):
     """A child under a small process limit and/or on few CPUs."""
     def apply() -> None:
