@@ -127,7 +127,13 @@ def resume_run(
 
         if should_launch(nproc_per_node):
             refuse_if_locked(run_dir)  # a live run's directory: named before any worker starts
-            stored_recipe(run_dir)  # a bad RUN_DIR is refused before any worker starts
+            stored = stored_recipe(run_dir)  # a bad RUN_DIR is refused before any worker starts
+            # ... and so are bad --set values and sizes this machine cannot serve for the N
+            # workers (each worker would refuse them only after the launch).
+            api.load_recipe({**stored.config, "trainer": {**stored.config["trainer"],
+                                                          "output_dir": str(run_dir)}},
+                            overrides or [], source=stored.source, warn=False,
+                            local_ranks=nproc_per_node)
         _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
             "resume", [("--set", overrides or []), ("--no-progress", no_progress),
                        ("--debug", debug)], [str(run_dir)]))

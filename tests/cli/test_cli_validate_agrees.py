@@ -84,3 +84,34 @@ def test_validate_config_and_train_sl_agree(tmp_path: Path, monkeypatch: pytest.
         if text is not None:
             assert text in plain.stderr, plain.stderr
     assert run.exists() == (code == 0)
+
+
+@pytest.mark.parametrize("fact, value, text", [
+    ("_process_limit", 5, "trainer.data_workers: 8 worker processes exceed the 5 processes"),
+    ("_memory", 4 * 16 * 2**20, "trainer.data_workers: 8 worker processes need at least"),
+], ids=["process limit", "memory"])
+def test_both_refuse_what_this_machine_cannot_serve(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    fact: str, value: int, text: str) -> None:
+    """Catches `validate-config` without the machine check (`refuse_or_warn` not called):
+    8 data workers pass the schema's fixed ceiling but not this machine, whose process limit
+    (5) or available memory (4 workers' worth), as the check reads them, is set here. Both
+    commands refuse with exit 2 and the same message, and nothing is created (the source is
+    in memory, so even a broken check would fork no worker)."""
+    from embodichain.core.recipe import machine_limits
+
+    monkeypatch.setattr(machine_limits, fact, lambda: value)
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **{**SMALL, "trainer.data_workers": 8})
+    trained = invoke("train-sl", "--config", str(recipe), "--no-progress")
+    plain = invoke("validate-config", str(recipe))
+    built = invoke("validate-config", str(recipe), "--build")
+
+    def errors(stderr: str) -> list[str]:
+        return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+    for result in (trained, plain, built):
+        assert result.exit_code == 2, result.output
+        assert text in result.stderr and "Nothing was started" in result.stderr
+        assert errors(result.stderr) == errors(trained.stderr)
+    assert not run.exists()

@@ -3,12 +3,15 @@
 signals, summary) and train-sl's model, bitwise, in one process and under torchrun.
 
 Catches: `fit()` on a built trainer raising "no run directory attached"; a second copy of
-the launch logic that drifts from the CLI's (another seed, another identity, no lock).
+the launch logic that drifts from the CLI's (another seed, another identity, no lock, a
+lock let go once the start is decided).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import CPU_RECIPE, REPO, TIMEOUT, assert_ok, worker_env, write_recipe
+from tests.support import (
+    CPU_RECIPE,
+    FACTORIES,
+    REPO,
+    TIMEOUT,
+    assert_ok,
+    worker_env,
+    write_recipe,
+)
 from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 EXAMPLE = REPO / "examples" / "learning" / "sl_ddp" / "train_from_python.py"
@@ -98,6 +109,48 @@ def _lock_is_free(run: Path) -> bool:
     from embodichain.core.runs.run_lock import lock_holder
 
     return lock_holder(run) is None
+
+
+def test_a_running_programmatic_fit_holds_its_directory_until_it_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the programmatic fit letting go of its run directory's lock once the start
+    is decided (e.g. `lock.release()` right after the start outcome): while a program's
+    fit() waits at update 3 (the blocking factory; a snapshot at update 2), a `resume` of
+    that directory and a second programmatic fit there must both be refused, naming the
+    live holder's pid; without the lock the resume would train alongside it (exit 0) and
+    the fit would be refused only as a directory that holds a run."""
+    from embodichain.learning.sl import UsageError, load_recipe, train
+    from tests.support.cli import invoke
+
+    monkeypatch.syspath_prepend(str(FACTORIES))  # so that a wrongly allowed resume trains
+    run, release = tmp_path / "run", tmp_path / "release"
+    small = [f"trainer.output_dir={run}", "factory=blocking:build_supervised_trainer",
+             "trainer.max_updates=4", "trainer.save_every=2", "trainer.validate_every=0"]
+    env = worker_env(PYTHONPATH=os.pathsep.join([str(FACTORIES), str(REPO)]),
+                     EMBODICHAIN_TEST_BLOCK_AT="3", EMBODICHAIN_TEST_BLOCK_FILE=str(release))
+    proc = subprocess.Popen([sys.executable, str(EXAMPLE),
+                             *(a for s in small for a in ("--set", s))], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not Path(f"{release}.rank0").exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        holder = f"in use by a live run (held by pid {proc.pid} on "
+        resumed = invoke("resume", str(run), "--no-progress")
+        assert resumed.exit_code == 2, resumed.output
+        assert holder in resumed.stderr, resumed.stderr
+        with pytest.raises(UsageError, match=re.escape(holder)):
+            train(load_recipe(CPU_RECIPE, small), show_progress=False)
+        release.touch()
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "finished at update 4/4" in out + err
 
 
 def test_a_stop_signal_stops_a_programmatic_fit_with_a_snapshot(tmp_path: Path) -> None:

@@ -80,6 +80,27 @@ def test_machine_limits_refuse_and_warn_by_the_machine_given(tmp_path: Path) -> 
     assert verdict.problems[0].startswith("trainer.grad_accumulation: an update draws")
 
 
+def test_the_machine_limits_accept_exactly_what_fits(tmp_path: Path) -> None:
+    """Catches an off-by-one at each machine limit: `workers >= process_limit` (50 workers
+    under a limit of 50 refused) and `>=` against the memory (the workers that exactly fill
+    it refused); one more is refused in each case, per rank counted (25 x 2 ranks at 50).
+    The machine is injected: nothing is forked."""
+    at_limit = Machine(cpus=64, process_limit=50)
+    for workers, ranks in ((50, 1), (25, 2)):
+        verdict = machine_verdict(_config(tmp_path, **{"trainer.data_workers": workers}),
+                                  ranks, at_limit)
+        assert verdict.problems == [], (workers, ranks)
+    for workers, ranks in ((51, 1), (26, 2)):
+        verdict = machine_verdict(_config(tmp_path, **{"trainer.data_workers": workers}),
+                                  ranks, at_limit)
+        assert len(verdict.problems) == 1 and "exceed the 50 processes" in verdict.problems[0]
+    filled = Machine(cpus=64, memory_bytes=40 * WORKER_BYTES)
+    assert machine_verdict(_config(tmp_path, **{"trainer.data_workers": 40}), 1,
+                           filled).problems == []
+    over = machine_verdict(_config(tmp_path, **{"trainer.data_workers": 41}), 1, filled)
+    assert len(over.problems) == 1 and "at most 40 per rank fit" in over.problems[0]
+
+
 def test_train_sl_and_validate_config_refuse_before_anything_starts(tmp_path: Path) -> None:
     """Catches `train-sl` starting a run for a size that is refused (the recipe's source is
     in memory, so the old code trained it without forking: exit 0, a run directory)."""
@@ -94,6 +115,38 @@ def test_train_sl_and_validate_config_refuse_before_anything_starts(tmp_path: Pa
         assert result.exit_code == 2, result.output
         assert "trainer.data_workers: expected at most 1024" in result.stderr
         assert not run.exists()
+
+
+def test_nproc_per_node_counts_its_ranks_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches `train-sl --nproc-per-node 2` checking the machine for one rank (the
+    option's ranks not counted), and `resume --nproc-per-node 2` launching its workers
+    without checking at all (each worker refused only after the launch): under a process
+    limit of 5, 3 workers per rank fit once (a one-process run trains) but not twice, so
+    both commands must refuse (exit 2) before the launcher is called, with no run directory
+    created or changed. The limit is the one the check reads from this machine, set to 5;
+    the launcher is replaced by a recorder, so the bugs launch nothing either."""
+    from embodichain.core.launch import self_launch
+    from embodichain.core.recipe import machine_limits
+    from tests.support.cli import invoke
+
+    monkeypatch.setattr(machine_limits, "_process_limit", lambda: 5)
+    launched: list[tuple] = []
+    monkeypatch.setattr(self_launch, "launch", lambda *a: launched.append(a) or 0)
+    run, other = tmp_path / "run", tmp_path / "other"
+    recipe = str(write_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 2,
+                                                           "trainer.data_workers": 3}))
+    once = invoke("train-sl", "--config", recipe, "--no-progress")  # one rank: it fits
+    assert once.exit_code == 0, once.output
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+    refused = "trainer.data_workers: 6 worker processes (3 per rank x 2 ranks) exceed the 5 "
+    for command in (["train-sl", "--config", recipe, "--set", f"trainer.output_dir={other}"],
+                    ["resume", str(run)]):
+        twice = invoke(*command, "--nproc-per-node", "2", "--no-progress")
+        assert twice.exit_code == 2, twice.output
+        assert refused in twice.stderr and "Nothing was started" in twice.stderr
+    assert launched == [] and not other.exists()
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before
 
 
 def _limited(nproc: int | None, cpus: int | None):

@@ -251,3 +251,26 @@ def test_an_undecodable_frame_names_the_episode_the_frame_and_the_file(copy) -> 
     assert torch.is_tensor(dataset[0][VIDEO])  # episode 0 lives in file-000
     with pytest.raises(LeRobotDecodeError, match=r"episode 2, frame 3, .*file-001.mp4"):
         dataset[LENGTHS[0] + LENGTHS[1] + 3]
+
+
+def test_a_video_frame_farther_than_tolerance_s_is_refused(copy) -> None:
+    """Catches the `tolerance_s` check dropped (any nearest frame accepted, however far):
+    episode 2's video re-encoded at 8 fps puts its frames at k/8 s, off the table's k/10 s
+    grid. Row 1 (t=0.1 s) is 0.025 s from the frame at 0.125 s: taken (that frame) with
+    tolerance_s=0.03, refused with 0.02 and the default; row 2 (t=0.2 s) is 0.05 s from
+    any frame: refused, naming the episode, the frame, the file and the nearest frame."""
+    root = copy("v2.1")
+    name = f"videos/chunk-000/{VIDEO}/episode_000002.mp4"
+    written = _video_frames(2, 9)
+    encode_video(root / name, written, 8)
+    row = LENGTHS[0] + LENGTHS[1]  # episode 2's first row
+    loose = LeRobotFrames(root, tolerance_s=0.03)
+    taken = (loose[row + 1][VIDEO].permute(1, 2, 0) * 255).numpy()
+    assert np.abs(taken - written[1]).mean() < 4  # the frame at 0.125 s
+    with pytest.raises(LeRobotDecodeError, match=r"no video frame within tolerance_s=0.03 of "
+                       r"t=0.2000 s \(episode 2, frame 2, .*episode_000002.mp4\): the nearest "
+                       r"decoded frame is at 0.2500 s"):
+        loose[row + 2]
+    for strict in (LeRobotFrames(root, tolerance_s=0.02), LeRobotFrames(root)):
+        with pytest.raises(LeRobotDecodeError, match=r"of t=0.1000 s \(episode 2, frame 1"):
+            strict[row + 1]
