@@ -6,8 +6,10 @@ second run is SIGKILLed (kill_points.py) on rank 0 just before it publishes the 
 update K: every shard of that save is on disk, its manifest is not. It must leave update
 K-1's checkpoint complete and verifying, no manifest of update K, and `--resume auto` must
 then end bitwise equal to the reference.
-Copies of the reference's run directory are resumed with a shard missing or damaged, under
-ddp, and with one worker: each is refused naming the shard or the difference.
+Copies of the reference's run directory are resumed with a shard missing or damaged: from
+that checkpoint named explicitly, refused naming each shard; as a run directory, from its
+newest complete step file. Under ddp and with one worker, it is refused naming the
+difference.
 """
 
 from __future__ import annotations
@@ -135,28 +137,61 @@ def refused(proc) -> str:
     return out
 
 
-@pytest.mark.slow  # a few seconds: kept out of the quick loop
-def test_missing_and_damaged_shards_are_refused_by_name(reference: Path, tmp_path: Path
-                                                        ) -> None:
-    """Rank 1's shard deleted, rank 0's with one flipped byte: the resume names both, before
-    run.json or any file changes. Catches: a resume that loads the shards it finds and
-    trains on a partial or corrupt state, one that stops at the first bad shard without
-    naming the others, or a refusal that has already recorded a resume."""
-    run = resume_copy(reference, tmp_path)
+def break_shards(run: Path) -> tuple[Path, Path]:
+    """Delete rank 1's shard of last.pt (also step_12.pt's: the same save) and flip a byte
+    of rank 0's; (missing, damaged)."""
     table = shard_table(read_checkpoint(run / "last.pt"))
     missing, damaged = run / table[1]["file"], run / table[0]["file"]
     missing.unlink()
     raw = bytearray(damaged.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     damaged.write_bytes(bytes(raw))
+    return missing, damaged
+
+
+@pytest.mark.slow  # a few seconds: kept out of the quick loop
+def test_missing_and_damaged_shards_are_refused_by_name(reference: Path, tmp_path: Path
+                                                        ) -> None:
+    """Rank 1's shard deleted, rank 0's with one flipped byte: `--resume last.pt` (a
+    checkpoint named explicitly) names both, before run.json or any file changes. Catches:
+    a resume that loads the shards it finds and trains on a partial or corrupt state, one
+    that stops at the first bad shard without naming the others, one that silently takes
+    another checkpoint than the one named, or a refusal that has already recorded a
+    resume."""
+    run = resume_copy(reference, tmp_path)
+    missing, damaged = break_shards(run)
+    recipe = write_recipe(tmp_path / "r.yaml", run, **RUN)
     before = contents(run)
-    out = refused(run_torchrun("resume", str(run), "--set", "trainer.max_updates=14",
-                               "--no-progress", env=factory_env(), timeout=GUARD))
+    out = refused(run_torchrun("train-sl", "--config", str(recipe), "--resume",
+                               str(run / "last.pt"), "--no-progress", env=factory_env(),
+                               timeout=GUARD))
     said = workers_output(out)
     assert f"shard of rank 1 is missing: {missing}" in said, out
     assert "shard of rank 0" in said and damaged.name in said and "corrupt" in said, out
     assert "Nothing was changed" in said, out
     assert contents(run) == before  # refused before run.json or any file was touched
+
+
+@pytest.mark.slow
+def test_resume_run_dir_whose_last_shards_are_bad_continues_from_a_complete_step_file(
+        reference: Path, tmp_path: Path) -> None:
+    """`resume RUN_DIR` whose last.pt (and step_12.pt, the same save) names a missing and a
+    damaged shard continues from the newest complete snapshot, step_11.pt, says so, and
+    ends bitwise equal to the uninterrupted run (R-RESUME-8, as for an unsharded run).
+    Catches: a sharded manifest taken as complete without its shards (the resume refuses,
+    or picks last.pt and fails at restore), or a fallback that does not say so."""
+    run = resume_copy(reference, tmp_path)
+    missing, damaged = break_shards(run)
+    proc = run_torchrun("resume", str(run), "--no-progress", env=factory_env(),
+                        timeout=GUARD)
+    assert_ok(proc)
+    out = proc.stdout + proc.stderr
+    assert "last.pt is damaged (shard of rank 0" in out and str(missing) in out, out
+    assert "continuing from step_11.pt (update 11)" in out, out
+    assert sharded_state(run)["step"] == 12
+    assert assert_state_equal(sharded_state(reference), sharded_state(run)) >= 20
+    assert comparable_records(run) == comparable_records(reference)
+    assert (run / "last.pt.damaged").is_file()  # set aside, not deleted
 
 
 def test_another_strategy_and_world_size_are_refused_by_name(reference: Path,
