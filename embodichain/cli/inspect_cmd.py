@@ -28,6 +28,7 @@ def inspect_checkpoint(
     """Show a checkpoint's identity, model, optimizer, per-rank state and last metrics.
 
     Loads without running code from the file, verifies its digest; needs no recipe code.
+    A sharded checkpoint with a shard missing or damaged is reported, and exits 1.
     """
     with reported_errors(debug):
         from embodichain.cli.checkpoint_summary import resume_check, summarize
@@ -50,6 +51,10 @@ def inspect_checkpoint(
             render(report)
         if config is not None and report["resume"]["compatible"] is False:
             raise typer.Exit(1)  # design §9: 0 may resume, 1 may not, 2 bad input
+        if any(not shard["verified"] for shard in report.get("shards") or ()):
+            # Reported in full above, but like any checkpoint that does not verify, it
+            # cannot be resumed or exported: not a success.
+            raise typer.Exit(1)
 
 
 # ----------------------------------------------------------------------------------------

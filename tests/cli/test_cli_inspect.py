@@ -1,4 +1,5 @@
-"""`inspect-checkpoint` on a real 2-worker checkpoint (R-INSP-1)."""
+"""`inspect-checkpoint` on a real 2-worker checkpoint (R-INSP-1), and on a sharded one of a
+one-process fsdp run (R-SHARD-4)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO, worker_env, write_recipe
+from tests.support import REPO, run_cli, worker_env, write_recipe
 from tests.support.cli import cli_in_process, invoke
 
 PARAMETERS = 4 * 32 + 32 + 32 * 2 + 2  # the 4 -> 32 -> 2 MLP of cpu.yaml
@@ -174,3 +175,45 @@ def test_missing_file_and_run_directory(step_100: Path, tmp_path: Path) -> None:
     newest = invoke("inspect-checkpoint", str(copy), "--json")
     assert newest.exit_code == 0 and json.loads(newest.stdout)["step"] == 200, newest.stderr
     assert "last.pt is missing" in newest.stderr
+
+
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sharded")
+    recipe = write_recipe(root / "r.yaml", root / "run", **{
+        "trainer.strategy": "fsdp", "trainer.max_updates": 4, "trainer.save_every": 4,
+        "trainer.validate_every": 0})
+    proc = run_cli("train-sl", "--config", str(recipe), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return root / "run"
+
+
+def test_sharded_checkpoint_whose_shard_does_not_verify_exits_one(sharded_run: Path,
+                                                                  tmp_path: Path) -> None:
+    """A sharded checkpoint is reported shard by shard; one whose shard is missing, or was
+    altered and re-digested (it verifies on its own, not against the manifest's digest of
+    it), cannot be resumed or exported, and the command exits 1 as for any checkpoint that
+    does not verify. Catches: exit 0 for such a checkpoint, or a shard checked against its
+    own digest only (the manifest's recorded digest not compared)."""
+    from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
+    from embodichain.core.checkpoint.sharded import shard_table
+
+    run = tmp_path / "run"
+    shutil.copytree(sharded_run, run)
+    last = run / "last.pt"
+    whole = invoke("inspect-checkpoint", str(last))
+    assert whole.exit_code == 0 and "all shards verified" in whole.stdout, whole.output
+    shard = run / shard_table(read_checkpoint(last))[0]["file"]
+    payload = read_checkpoint(shard)["payload"]
+    payload["model"]["0.weight"][0, 0] += 1.0
+    write_checkpoint(make_checkpoint(payload), shard)
+    read_checkpoint(shard)  # self-consistent: its own digest verifies
+    altered = invoke("inspect-checkpoint", str(last), "--json")
+    assert altered.exit_code == 1, altered.output
+    [row] = json.loads(altered.stdout)["shards"]
+    assert row["verified"] is False and "the manifest's digest" in row["problem"], row
+    shard.unlink()
+    missing = invoke("inspect-checkpoint", str(last))
+    assert missing.exit_code == 1, missing.output
+    assert "cannot be resumed or exported" in missing.stdout, missing.output
+    assert "rank 0 is missing" in missing.stdout, missing.output

@@ -8,6 +8,9 @@ model and schema) plus one behaviour under test:
 - `save_in_validation`: a validation callback on rank 0 calls `trainer.save(...)` (R-VAL-2),
   writing `during_validation_{step}.pt` into the run directory.
 - `failing_prepare`: preparing the run directory fails on rank 0 with an unexpected error.
+- `with_dropout`: the sl_ddp MLP with dropout after its hidden layer, so every training
+  forward draws from each rank's own torch stream (a rank restored with another rank's
+  stream trains differently).
 - `failing_save`: at the first validation, rank 0 limits its file size (RLIMIT_FSIZE, with
   SIGXFSZ ignored), so the next checkpoint write fails with EFBIG as on a full disk (R-CKPT-6).
 """
@@ -89,6 +92,19 @@ def per_rank_draws(config: sl_ddp.SlDdpConfig, device: torch.device) -> Supervis
 
 
 per_rank_draws.config_schema = sl_ddp.SlDdpConfig
+
+
+# -- per-rank randomness in the model: dropout ------------------------------------------------
+
+
+def with_dropout(config: sl_ddp.SlDdpConfig, device: torch.device) -> SupervisedTrainer:
+    hidden = config.model.hidden
+    model = nn.Sequential(nn.Linear(4, hidden), nn.Tanh(), nn.Dropout(0.25),
+                          nn.Linear(hidden, 2))
+    return _trainer(config, device, model=model)
+
+
+with_dropout.config_schema = sl_ddp.SlDdpConfig
 
 
 # -- R-VAL-2: save from a validation callback ----------------------------------------------------

@@ -241,13 +241,13 @@ def check_shard(directory: Path, data: Mapping[str, Any], rank: int) -> str | No
     return None
 
 
-def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
-    """Before a resume changes anything (rank 0): every shard this node can see verifies,
-    and none written on this node (host and torchrun node rank) is missing; refuses naming
-    each bad shard and its host. Shards written on other nodes and absent here are checked
-    by their own ranks at restore."""
+def shard_problems_here(data: Mapping[str, Any], path: Path) -> list[str]:
+    """What is wrong with the shards of manifest `data` (at `path`) that this node can
+    judge: every shard it can see must verify, and none written on this node (host and
+    torchrun node rank) may be missing. Empty for an unsharded checkpoint. Shards written
+    on other nodes and absent here are checked by their own ranks at restore."""
     if not is_sharded_checkpoint(data):
-        return
+        return []
     here, problems = (socket.gethostname(), _node()), []
     for rank, entry in sorted(shard_table(data).items()):
         written_here = (entry.get("host"), entry.get("node", 0)) == here
@@ -256,6 +256,13 @@ def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
         problem = check_shard(Path(path).parent, data, rank)
         if problem is not None:
             problems.append(problem)
+    return problems
+
+
+def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
+    """Before a resume from a named checkpoint changes anything (rank 0): refuse naming
+    each bad shard and its host (`shard_problems_here`)."""
+    problems = shard_problems_here(data, path)
     if problems:
         raise CheckpointError(f"cannot resume from the sharded checkpoint {path}: "
                               + "; ".join(problems) + ". Nothing was changed.")

@@ -45,9 +45,11 @@ def newest_snapshot(directory: Path, *, verify: bool = True) -> Snapshot | None:
 
     last.pt is normally the newest (it is published before the step file of the same
     update); when it is missing or damaged, the newest `step_N.pt` that verifies is used and
-    the note says so. None when the run never saved a snapshot; RefusedError when it saved
-    some and none verifies. `verify=False` takes a file whose manifest reads as complete
-    (no digest check, no torch): the choice `resume` makes unless a file is damaged inside.
+    the note says so. A sharded manifest verifies when its shards on this node do (each
+    shard's digest against the manifest's record of it). None when the run never saved a
+    snapshot; RefusedError when it saved some and none verifies. `verify=False` takes a
+    file whose manifest reads as complete (no digest check, no torch): the choice `resume`
+    makes unless a file is damaged inside.
     """
     read = _read_verified if verify else _read_manifest
     problems: list[str] = []
@@ -104,9 +106,17 @@ def where_to_continue(directory: Path) -> str:
 
 
 def _read_verified(path: Path) -> dict[str, Any]:
+    """The verified checkpoint at `path`; a sharded manifest is complete only when its
+    shards verify too (those this node holds or sees), so that a run whose last.pt names a
+    missing or damaged shard continues from its newest complete step file instead."""
     from embodichain.core.checkpoint.file import read_checkpoint  # torch
+    from embodichain.core.checkpoint.sharded import shard_problems_here
 
-    return read_checkpoint(path)
+    data = read_checkpoint(path)
+    problems = shard_problems_here(data, path)
+    if problems:
+        raise CheckpointError("; ".join(problems))
+    return data
 
 
 def _read_manifest(path: Path) -> dict[str, Any]:

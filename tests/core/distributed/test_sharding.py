@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
 from embodichain.core.checkpoint.sharded import (
     check_compatible,
     check_shard,
@@ -108,6 +108,26 @@ def test_damaged_or_foreign_shard_is_refused_by_name(launched: Path, tmp_path: P
     shutil.copy(run / table[0]["file"], one)
     with pytest.raises(CheckpointCorruptError, match="rank 1 .*manifest's digest"):
         read_shard(run, data, 1)
+
+
+def test_altered_and_redigested_shard_is_refused_by_the_manifests_digest(
+        launched: Path, tmp_path: Path) -> None:
+    """Rank 1's own shard (same step, run, config and rank) with one weight changed and
+    rewritten whole, its embedded digest recomputed: it verifies on its own and passes
+    every identity check, so only the digest the manifest recorded for it tells. Catches:
+    the manifest's digest of a shard not compared on load (the shard would be loaded)."""
+    run = copy_run(launched, tmp_path / "run")
+    data = read_checkpoint(run / "last.pt")
+    path = run / shard_table(data)[1]["file"]
+    payload = read_checkpoint(path)["payload"]
+    payload["model"]["0.weight"][0, 0] += 1.0
+    write_checkpoint(make_checkpoint(payload), path)
+    assert read_checkpoint(path)["payload"]["run"]["rank"] == 1  # self-consistent
+    with pytest.raises(CheckpointCorruptError,
+                       match=r"shard of rank 1 .*does not match the manifest's digest"):
+        read_shard(run, data, 1)
+    with pytest.raises(CheckpointCorruptError, match="manifest's digest"):
+        consolidated_model(run / "last.pt", data)
 
 
 def test_other_strategy_or_world_size_is_refused_by_name(launched: Path) -> None:

@@ -1,16 +1,19 @@
 """`trainer.strategy: fsdp` trains the same model as ddp (R-SHARD-1), and export consolidates
 its sharded checkpoint (R-SHARD-4). Real torchrun, 2 gloo workers, 50 updates per run.
 
-Two pairs of runs, each shared by the tests of this module: the built-in sl_ddp recipe, and
-tests/factories/sharded_blocks.py (named shard blocks with uneven dim-0 shards, parameter
-groups, uneven masks with zero-weight batches) with gradient accumulation, EMA and
-gradient clipping. The tolerance, 1e-5 relative, allows for the summation order: FSDP
-reduce-scatters the gradient sum per shard and the clipping norm is summed over shards,
-where DDP all-reduces buckets and sums the norm over whole tensors.
+Two pairs of runs, each shared by the tests of this module: the built-in sl_ddp recipe with
+plain SGD (no clipping: a gradient's scale shows in the weights, which Adam's normalisation
+would hide), and tests/factories/sharded_blocks.py (named shard blocks with uneven dim-0
+shards, parameter groups, uneven masks with zero-weight batches) with gradient accumulation,
+EMA and gradient clipping; its fsdp run counts FSDP2's reduce-scatters
+(tests/scripts/counting_collectives.py). The tolerance, 1e-5 relative, allows for the
+summation order: FSDP reduce-scatters the gradient sum per shard and the clipping norm is
+summed over shards, where DDP all-reduces buckets and sums the norm over whole tensors.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -33,6 +36,8 @@ from tests.support.state_compare import comparable_records
 
 RUN = {"trainer.max_updates": 50, "trainer.save_every": 25, "trainer.validate_every": 25,
        "trainer.log_every": 10}
+# SGD, no clipping: gloo's AVG would halve every step (Adam would not show it).
+BUILTIN = {**RUN, "optimizer": {"name": "sgd", "lr": 0.05}}
 EVERYTHING = {**RUN, "factory": "sharded_blocks:build_supervised_trainer",
               "trainer.batch_size": 3, "trainer.grad_accumulation": 2,
               "trainer.ema": {"decay": 0.9, "validate": "both"},
@@ -47,25 +52,30 @@ def env() -> dict[str, str]:
     return worker_env(PYTHONPATH=path)
 
 
-def train(root: Path, name: str, **changes: object) -> Path:
+def train(root: Path, name: str, module: str = "embodichain", **changes: object) -> Path:
+    """A 2-worker run of `changes`; under `module="counting_collectives"` its counts are in
+    `root / name`.counts/."""
     run = root / name
     recipe = write_recipe(root / f"{name}.yaml", run, **changes)
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", env=env()))
+    extra = {"EMBODICHAIN_TEST_COUNTS_DIR": str(root / f"{name}.counts")}
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           env={**env(), **extra}, module=module))
     return run
 
 
 @pytest.fixture(scope="module")
 def builtin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("fsdp_builtin")
-    return (train(root, "ddp", **RUN),
-            train(root, "fsdp", **RUN, **{"trainer.strategy": "fsdp"}))
+    return (train(root, "ddp", **BUILTIN),
+            train(root, "fsdp", **BUILTIN, **{"trainer.strategy": "fsdp"}))
 
 
 @pytest.fixture(scope="module")
 def everything(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("fsdp_everything")
     return (train(root, "ddp", **EVERYTHING),
-            train(root, "fsdp", **EVERYTHING, **{"trainer.strategy": "fsdp",
+            train(root, "fsdp", module="counting_collectives",
+                  **EVERYTHING, **{"trainer.strategy": "fsdp",
                                                  "trainer.fsdp": {"reshard_after_forward":
                                                                   False}}))
 
@@ -85,8 +95,10 @@ def assert_close(ddp: dict[str, torch.Tensor], fsdp: dict[str, torch.Tensor]) ->
 
 @pytest.mark.slow  # a few seconds: kept out of the quick loop
 def test_builtin_recipe_fsdp_equals_ddp(builtin: tuple[Path, Path]) -> None:
-    """Catches: gloo's AVG reduction (halves every gradient), a missing division by the
-    global weight, or a model left unsharded (no shard files)."""
+    """Catches: an AVG reduce-scatter instead of SUM (gloo's AVG, or FSDP2's default divide
+    factor left in place, in core/distributed/sharding.py: every SGD step is halved, a gap
+    of several percent after 50 updates), a missing division by the global weight, or a
+    model left unsharded (no shard files)."""
     ddp, fsdp = builtin
     saved = read_checkpoint(fsdp / "last.pt")
     assert saved["manifest"]["strategy"] == "fsdp" and sorted(shard_table(saved)) == [0, 1]
@@ -100,8 +112,8 @@ def test_builtin_recipe_fsdp_equals_ddp(builtin: tuple[Path, Path]) -> None:
 @pytest.mark.slow
 def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
         everything: tuple[Path, Path]) -> None:
-    """Catches: accumulation that reduces every micro-batch, weights not summed over
-    micro-batches and ranks (uneven masks, zero-weight batches), parameter groups lost when
+    """Catches: weights not summed over micro-batches and ranks (uneven masks, zero-weight
+    batches), parameter groups lost when
     the parameters become shards (the first layer's lr_scale), EMA not on the shards or not
     swapped in to validate it, or a clipping norm taken over one rank's shard only."""
     ddp, fsdp = everything
@@ -125,6 +137,20 @@ def test_uneven_masks_groups_accumulation_ema_and_clipping_fsdp_equals_ddp(
     for a, b in zip(ddp_val, fsdp_val, strict=True):
         for key in ("validation/mse", "validation_ema/mse"):
             assert b[key] == pytest.approx(a[key], rel=1e-5), key
+
+
+def test_accumulation_reduce_scatters_once_per_group_and_update(
+        everything: tuple[Path, Path]) -> None:
+    """With trainer.grad_accumulation: 2 every FSDP2 parameter group (the two named blocks
+    and the root) reduce-scatters its gradients once per update, on the last micro-batch.
+    Catches: gradient sync left on for every micro-batch (the summed reduce-scatters give
+    the same values, so the parity tests cannot see it; the count doubles), or sync never
+    turned back on for the last one (no reduce-scatter)."""
+    root = everything[1].parent
+    for rank in range(2):
+        counts = json.loads((root / "fsdp.counts" / f"rank{rank}.json").read_text())
+        assert counts["fsdp_groups"] == 3, counts  # shard_blocks [model[0], model[2]], root
+        assert counts["reduce_scatters"] == RUN["trainer.max_updates"] * 3, counts
 
 
 def test_fsdp_metrics_match_ddp(builtin: tuple[Path, Path]) -> None:
