@@ -49,6 +49,15 @@ CASES = [
     ("best.pt without an evaluate", {**CLASSIFYING, "data.val_size": 0,
                                      "trainer.save_best": True}, 2,
      "trainer.save_best need validation", True),
+    # What a strategy cannot run (R-STRAT-1): refused when the recipe is validated, not
+    # only when the trainer is built (validate-config said "valid" to both before).
+    ("fsdp with compile", {"trainer.strategy": "fsdp", "trainer.compile": True}, 2,
+     "trainer.compile: true is not available with trainer.strategy: fsdp", False),
+    ("fsdp with fp16 on cuda", {"trainer.strategy": "fsdp", "trainer.precision": "fp16",
+                                "device": "cuda"}, 2,
+     "trainer.precision: fp16 is not available with trainer.strategy: fsdp", False),
+    ("fsdp with bf16", {"trainer.strategy": "fsdp", "trainer.precision": "bf16"}, 0, None,
+     False),
 ]
 
 

@@ -208,3 +208,28 @@ def test_one_process_fsdp_trains_like_ddp(tmp_path: Path) -> None:
     assert sorted(shard_table(data)) == [0]
     assert_close(read_checkpoint(runs["ddp"] / "last.pt")["payload"]["learner"]["model"],
                  read_shard(runs["fsdp"], data, 0)["payload"]["model"])
+
+
+def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: Path) -> None:
+    """Under fsdp every rank runs `evaluate`; rank 1's fails. Every rank exits non-zero
+    within 30 s and torchrun's report carries rank 1's message naming its rank and error.
+    Catches: the failure swallowed on rank 1 (it then computed no metrics and rank 0 went
+    on, or waited in a collective for a rank that gave up), or a failing rank that enters
+    another collective instead of stopping."""
+    import time
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{**RUN, "factory": "failing_validation:on_rank_one",
+                             "trainer.strategy": "fsdp", "trainer.max_updates": 30,
+                             "trainer.validate_every": 10})
+    start = time.monotonic()
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress", env=env(),
+                        timeout=120)
+    assert proc.returncode != 0, proc.stderr
+    # The run reached update 10 quickly; from the failure on, 30 s is the budget.
+    assert time.monotonic() - start < 90
+    assert ("validation failed on rank 1 at update 10: ValueError: the validation corpus of "
+            "rank 1 is unreadable") in proc.stderr, proc.stderr[-3000:]
+    assert "Root Cause" in proc.stderr and "exitcode  : 1" in proc.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert max(r["step"] for r in records) == 10  # nothing trained after the failure
