@@ -1,4 +1,4 @@
-"""`trainer.deterministic: true`: the settings under which CUDA training repeats bitwise.
+"""`trainer.deterministic: true`: the settings under which CUDA training repeats bitwise (R-DET-1).
 
 Run to run and across a resume, on the same machines, the same kernels must sum the same
 numbers in the same order. Three things break that on CUDA, each fixed at its own time:
