@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU path in one command (under 6 minutes on one GPU): every CUDA-marked test, short
+# The GPU path in one command (a few minutes on one GPU): every CUDA-marked test, short
 # CUDA trainings of sl_ddp and NeRD (1 process, and torchrun with 1 worker — 2 workers on
 # NCCL when 2 GPUs are visible), bf16 and fp16 with the scaler, EMA and accumulation, an
 # exact resume, and FSDP2 (trainer.strategy: fsdp, bf16, world size 1: resume and export).
+# With trainer.deterministic: true, two identical runs and a resume against the uninterrupted
+# run must be bitwise equal (sl_ddp; NeRD's pair too; over NCCL when 2 GPUs are visible).
 # One line per check; exit 1 if any failed. Without CUDA: says so, exits 0.
 #
 #   bash benchmarks/gpu_check.sh            # from the checkout, in the project's venv
@@ -13,7 +15,11 @@ if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
   echo "gpu_check: no CUDA device here (torch.cuda.is_available() is False): nothing checked"
   exit 0
 fi
-export OMP_NUM_THREADS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
+export OMP_NUM_THREADS=1
+# The product sets the cuBLAS workspace itself under trainer.deterministic (every worker,
+# before CUDA starts): a value inherited from the shell would hide a worker that does not.
+# Without it torch refuses the first matmul of a deterministic run, so those checks fail.
+unset CUBLAS_WORKSPACE_CONFIG
 TMP=$(mktemp -d /tmp/gpu_check.XXXXXX)
 NGPU=$("$PY" -c "import torch; print(torch.cuda.device_count())")
 BF16=$("$PY" -c "import torch; print(int(torch.cuda.is_bf16_supported()))")
@@ -92,10 +98,24 @@ LOOPS=(--set trainer.batch_size=8 --set trainer.grad_accumulation=4 --set traine
        --set trainer.ema.validate=both)
 check "sl_ddp accumulation K=4 + EMA, torchrun 1 worker" trun 1 --config $SL "${SHORT[@]}" \
   "${LOOPS[@]}" --set trainer.output_dir=$TMP/sl_loops
-check "exact resume on CUDA (K=4, EMA, from update 30)" bash -c "
+# Bitwise only with trainer.deterministic: true (docs/recovery.md, where resume is bitwise).
+DET=(--set trainer.deterministic=true)
+check "deterministic: two identical runs bitwise (K=4, EMA)" bash -c "
   $(declare -f train same_state); PY=$PY
-  train --config $SL ${SHORT[*]} ${LOOPS[*]} --set trainer.output_dir=$TMP/sl_resumed \
-    --resume $TMP/sl_loops/step_30.pt && same_state $TMP/sl_loops/last.pt $TMP/sl_resumed/last.pt"
+  train --config $SL ${SHORT[*]} ${LOOPS[*]} ${DET[*]} --set trainer.output_dir=$TMP/det_a &&
+  train --config $SL ${SHORT[*]} ${LOOPS[*]} ${DET[*]} --set trainer.output_dir=$TMP/det_b &&
+  same_state $TMP/det_a/last.pt $TMP/det_b/last.pt"
+check "deterministic: resume from update 30 bitwise (K=4, EMA)" bash -c "
+  $(declare -f train same_state); PY=$PY
+  train --config $SL ${SHORT[*]} ${LOOPS[*]} ${DET[*]} --set trainer.output_dir=$TMP/det_res \
+    --resume $TMP/det_a/step_30.pt && same_state $TMP/det_a/last.pt $TMP/det_res/last.pt"
+if [ "$NGPU" -ge 2 ]; then  # NCCL_ALGO=Ring: the order of the ranks' sums, measured here
+  check "deterministic: torchrun 2 workers (NCCL), two runs bitwise" bash -c "
+    $(declare -f trun same_state); PY=$PY
+    trun 2 --config $SL ${SHORT[*]} ${DET[*]} --set trainer.output_dir=$TMP/det_nccl_a &&
+    trun 2 --config $SL ${SHORT[*]} ${DET[*]} --set trainer.output_dir=$TMP/det_nccl_b &&
+    same_state $TMP/det_nccl_a/last.pt $TMP/det_nccl_b/last.pt"
+fi
 
 NERD=examples/learning/nerd/configs/cartpole/sl.train.yaml
 check "NeRD data (prepare)" "$PY" -m embodichain_models.dynamics.nerd.prepare --out $TMP/nerd \
@@ -113,6 +133,11 @@ check "NeRD fp16 with grad scaler + EMA" train --config $NERD "${NSHORT[@]}" \
   --set trainer.precision=fp16 --set trainer.ema.decay=0.999 --set trainer.output_dir=$TMP/n_fp16
 check "NeRD compile" train --config $NERD "${NSHORT[@]}" --set trainer.compile=true \
   --set trainer.output_dir=$TMP/n_compile
+check "NeRD deterministic: two identical runs bitwise" bash -c "
+  $(declare -f train same_state); PY=$PY
+  train --config $NERD ${NSHORT[*]} ${DET[*]} --set trainer.output_dir=$TMP/n_det_a &&
+  train --config $NERD ${NSHORT[*]} ${DET[*]} --set trainer.output_dir=$TMP/n_det_b &&
+  same_state $TMP/n_det_a/last.pt $TMP/n_det_b/last.pt"
 
 if [ $failed = 0 ]; then echo "gpu_check: all passed ($TMP)"; else echo "gpu_check: FAILED ($TMP)"; fi
 exit $failed

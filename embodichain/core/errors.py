@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
 
 
@@ -70,6 +71,28 @@ class Stopped(EmbodichainError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+# torch's words when `use_deterministic_algorithms(True)` meets an operation without an ordered
+# kernel: "<op> does not have a deterministic implementation, but you set ...".
+_NO_DETERMINISTIC_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+def refused_by_determinism(exc: BaseException, update: int) -> TrainingError | None:
+    """The one-paragraph failure (exit 1) for torch refusing, at `update`, an operation that
+    has no deterministic implementation because `trainer.deterministic` is true: which
+    operation, why, and how to go on. None for any other error (ours are left as they are)."""
+    if isinstance(exc, EmbodichainError):
+        return None
+    found = _NO_DETERMINISTIC_KERNEL.search(str(exc))
+    if found is None:
+        return None
+    return TrainingError(
+        f"update {update}: the operation {found.group(1)} has no deterministic implementation "
+        "in torch, and trainer.deterministic: true makes torch refuse such operations. Set "
+        "trainer.deterministic: false to train with it (`--set trainer.deterministic=false`, "
+        "allowed on resume too; results then repeat only to float rounding), or replace the "
+        "operation in the model.")
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

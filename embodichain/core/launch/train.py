@@ -22,9 +22,15 @@ import torch
 
 import embodichain
 from embodichain.core.data.samplers import stream_seed
-from embodichain.core.distributed import process_group
+from embodichain.core.distributed import determinism, process_group
 from embodichain.core.distributed.stop_request import StopRequest
-from embodichain.core.errors import RefusedError, Stopped, TrainingError, UsageError
+from embodichain.core.errors import (
+    RefusedError,
+    Stopped,
+    TrainingError,
+    UsageError,
+    refused_by_determinism,
+)
 from embodichain.core.observe.loggers import LoggingMetricsWriter, check_loggers
 from embodichain.core.observe.progress import configure_logging, log
 from embodichain.core.observe.summary import Status, print_run_summary
@@ -70,6 +76,8 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     """
     configure_logging(process_group.env_rank())
     check_loggers(recipe.config.trainer.loggers)  # a missing extra: refused before anything
+    # First: cuBLAS and NCCL read their variables once, when CUDA work or the group starts.
+    determinism.apply(recipe.config.trainer.deterministic)
     with StopRequest() as stop, process_group.distributed_run(recipe.config.device) as device:
         trainer = build_trainer(recipe, device, start=start)
         return trainer.fit(show_progress=show_progress, stop=stop)
@@ -107,6 +115,10 @@ class RunOpener:
         if not log.handlers:  # a program that calls fit() itself: train-sl's logging
             configure_logging(process_group.env_rank())
         check_loggers(config.trainer.loggers)
+        # Again for a program's own distributed_run + fit() (train() has set it already).
+        for note in determinism.apply(config.trainer.deterministic):
+            if process_group.is_rank_zero():
+                log.info("%s", note)
         lock = RunLock(Path(config.trainer.output_dir))
         with contextlib.ExitStack() as scope:
             if stop is None:  # a program's own fit(): signals stop it as they stop train-sl
@@ -172,6 +184,10 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
     except (Stopped, KeyboardInterrupt):
         status = "stopped"
         raise
+    except Exception as exc:  # an operation trainer.deterministic refuses: say so, plainly
+        if (refused := refused_by_determinism(exc, trainer.step + 1)) is None:
+            raise
+        raise refused from exc
     finally:
         if process_group.is_rank_zero() and not (
                 status != "finished" and claimed and trainer.step == start_step

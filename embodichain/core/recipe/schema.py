@@ -128,6 +128,10 @@ class TrainerConfig(Section):
     """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
     compile: bool = False
     """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
+    deterministic: bool = False
+    """Reproducible CUDA training, run to run and across resume: torch's deterministic
+    kernels only (an operation without one stops the run), cuDNN without its autotuner, a
+    fixed cuBLAS workspace and NCCL's ring algorithm. On CPU: accepted, changes nothing."""
     # Background checkpoint writes and time-based snapshots (R-CKPT-8, R-CKPT-9)
     async_save: bool = True
     """Write checkpoints on a background thread of rank 0; training pauses only for the copy
@@ -251,6 +255,10 @@ RESUMABLE_CHANGES = (
     "trainer.data_workers",
     "trainer.prefetch",
     "trainer.fsdp",  # reshard_after_forward: memory against communication, same update
+    # Which kernels compute the same update, not what is trained: on CPU nothing changes; on
+    # CUDA a run continued with another value is float-close to the uninterrupted one, no
+    # longer bitwise (run.json's `resumed` event records the value each resume ran with).
+    "trainer.deterministic",
 )
 
 # Training configuration added after checkpoints existed (R-LOOP-*): a checkpoint whose

@@ -338,7 +338,9 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                # `--set trainer.max_updates=N` may raise it: readers take the newest
                # (runs/facts.planned_updates), run.json's config stays the one it began with.
                "max_updates": int(identity["config"]["trainer"]["max_updates"]),
-               "best": identity.get("best")}  # trainer.best may change on resume
+               "best": identity.get("best"),  # trainer.best may change on resume
+               # and so may trainer.deterministic: whether this stretch ran deterministic
+               "deterministic": bool(identity["config"]["trainer"].get("deterministic"))}
     if torn is not None:
         resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:
