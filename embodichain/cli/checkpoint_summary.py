@@ -276,7 +276,9 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
         saved = _unflatten(saved)
     else:  # an invalid recipe is bad input too, reported as validate-config would
         raise ConfigError(checked.problems, str(recipe_path))
-    result["differences"] = config_differences(saved, current, step)
+    # The recipe's own schema decides keys newer than the checkpoint, as at launch.
+    schema = type(checked.recipe.config) if checked.recipe is not None else None
+    result["differences"] = config_differences(saved, current, step, schema)
     result["problems"] += _destination_problems(current, checkpoint, run, step)
     world_size = data["manifest"].get("world_size")
     result["conditions"] = [

@@ -49,7 +49,8 @@ def runs(
         cells = []
         for row in rows:
             color = {"running": "cyan", "finished": "green",
-                     "stopped_early": "green"}.get(row.state, "yellow")
+                     "stopped_early": "green",
+                     "interrupted": "red"}.get(row.state, "yellow")
             # each run its own metric (R-MET-1), its best value as the summary shows it
             metric = (f"{row.metric} {row.metric_best:.4g} (best, update "
                       f"{row.metric_best_step})" if row.metric_best is not None

@@ -206,7 +206,8 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
     worker's own code is recorded by tests/scripts/exit_code_recorder.py: for SIGINT to
     torchrun its report shows none, and a worker slower to exit than the other would show
     torchrun's SIGTERM), a snapshot not of the stop update, and an inexact resume
-    (`assert_same_outcome`: nothing to roll back, one `resumed` event)."""
+    (`assert_same_outcome`: nothing to roll back, the clean stop recorded in run.json, then
+    one `resumed` event)."""
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     codes = tmp_path / "codes"
@@ -239,7 +240,7 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
     assert "embodichain/core" not in err and "embodichain/cli" not in err  # no traceback of ours
 
     assert_ok(run_torchrun("resume", str(run), "--no-progress", env=_env()))
-    _assert_equals_reference(run, reference, events=[("resumed", stopped)])
+    _assert_equals_reference(run, reference, events=[("stopped",), ("resumed", stopped)])
     print(f"{name}: stopped at update {stopped}, snapshot at {stopped}: 0 updates lost")
 
 

@@ -265,7 +265,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)
-        prepared = prepare(start, identity, directory, lock, recipe.source)
+        prepared = prepare(start, identity, directory, lock, recipe.source, type(recipe.config))
         lock.publish(identity["created_at"])
     except RunComplete as done:
         return StartOutcome(complete=str(done)), None

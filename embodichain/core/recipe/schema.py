@@ -28,6 +28,7 @@ from pydantic import (
     PositiveInt,
     StrictInt,
     StrictStr,
+    TypeAdapter,
     create_model,
     field_validator,
     model_validator,
@@ -261,21 +262,64 @@ RESUMABLE_CHANGES = (
     "trainer.deterministic",
 )
 
-# Training configuration added after checkpoints existed (R-LOOP-*): a checkpoint whose
-# recipe lacks the key was trained with this value, so it is compared as that value.
-DEFAULTS_OF_LATER_KEYS: dict[str, Any] = {
-    "trainer.grad_accumulation": 1, "trainer.ema": None, "trainer.precision": "fp32",
-    "trainer.compile": False, "optimizer.betas": None, "optimizer.eps": None,
-    "optimizer.momentum": None, "optimizer.nesterov": False, "optimizer.no_decay": [],
-    "trainer.sampling": "with_replacement", "trainer.early_stop": None,
-    "trainer.strategy": "ddp", "trainer.fsdp": None,
-}
-
-
 def is_resumable_change(key: str) -> bool:
     """A flattened key (`trainer.best.mode`) that may differ on resume: a listed key or one
     inside a listed section."""
     return any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES)
+
+
+# -- defaults read off a schema (R-RESUME-2: a key newer than a checkpoint, at its default) --
+NO_DEFAULT: Any = object()  # the key is unknown to the schema, or required there
+
+
+def default_at(schema: Any, dotted: str) -> Any:
+    """The default of the dotted key `dotted` (`data.train_episodes`) in `schema` (a pydantic
+    model or a dataclass, sections nested), in resolved JSON form, or NO_DEFAULT.
+
+    Read off the schema itself (field defaults, default factories, nested sections), so a
+    schema author states a new key's default in one place."""
+    *parents, leaf = dotted.split(".")
+    node = schema
+    for part in parents:
+        field = _fields_of(node).get(part)
+        node = _section_type(field[0]) if field is not None else None
+        if node is None:  # not a section: what lies below it has no default of its own
+            return NO_DEFAULT
+    annotation, default = _fields_of(node).get(leaf, (None, NO_DEFAULT))
+    if default is NO_DEFAULT:
+        return NO_DEFAULT
+    try:  # the form resolved_dict gives: a model, dataclass or Path as plain data
+        return TypeAdapter(annotation).dump_python(default, mode="json")
+    except Exception:  # an annotation pydantic cannot adapt: the value as it is
+        return default
+
+
+def _fields_of(node: Any) -> dict[str, tuple[Any, Any]]:
+    """`name -> (annotation, default or NO_DEFAULT)` of a model or dataclass, else `{}`."""
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return {name: (f.annotation, NO_DEFAULT if f.is_required()
+                       else f.get_default(call_default_factory=True))
+                for name, f in node.model_fields.items()}
+    if isinstance(node, type) and dataclasses.is_dataclass(node):
+        hints = typing.get_type_hints(node, include_extras=False)
+        found = {}
+        for f in dataclasses.fields(node):
+            default = (f.default if f.default is not dataclasses.MISSING else
+                       f.default_factory() if f.default_factory is not dataclasses.MISSING
+                       else NO_DEFAULT)
+            found[f.name] = (hints.get(f.name, Any), default)
+        return found
+    return {}
+
+
+def _section_type(annotation: Any) -> Any:
+    """The section (model or dataclass) an annotation holds, `X | None` included, or None."""
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    args = typing.get_args(annotation) or (annotation,)
+    sections = [a for a in args if isinstance(a, type)
+                and (issubclass(a, BaseModel) or dataclasses.is_dataclass(a))]
+    return sections[0] if len(sections) == 1 else None
 
 
 def resolved_dict(config: BaseModel) -> dict[str, Any]:

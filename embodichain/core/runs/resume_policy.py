@@ -23,18 +23,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel
+
 from embodichain.core.checkpoint.file import check_rank_entries, read_checkpoint
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.checkpoint.sharded import check_shards_here, payload_to_restore
 from embodichain.core.errors import RefusedError
-from embodichain.core.recipe.best import patience_problems, stopped_early
-from embodichain.core.recipe.schema import (
-    DEFAULTS_OF_LATER_KEYS,
-    flatten_keys,
-    is_resumable_change,
-)
+from embodichain.core.recipe.best import stopped_early
+from embodichain.core.recipe.schema import config_sha256
 from embodichain.core.runs.commands import command_for, fresh_command, resume_command
+from embodichain.core.runs.config_compat import config_differences, keys_at_default, with_keys
 from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
 from embodichain.core.runs.roll_back import roll_back
 from embodichain.core.runs.run_dir import (
@@ -51,6 +50,7 @@ from embodichain.core.runs.run_dir import (
     require_fresh,
     update_run_json,
 )
+from embodichain.core.runs.run_end import RUN_JSON_FORMAT, records_clean_stops
 from embodichain.core.runs.run_lock import (
     RunLock,
     describe_holder,
@@ -92,10 +92,12 @@ class RunComplete(Exception):
 
 
 def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
-                    identity: Mapping[str, Any], again: str | None = None) -> list[str]:
+                    identity: Mapping[str, Any], again: str | None = None,
+                    schema: type[BaseModel] | None = None) -> list[str]:
     """Each field that forbids resuming `snapshot` (a checkpoint's or run.json's run
     section) as this run, with both values. `again`: the command's arguments (`resume
-    DIR`), so that a world-size mismatch names the launch that fits."""
+    DIR`), so that a world-size mismatch names the launch that fits; `schema`: the recipe's
+    (config_compat.config_differences)."""
     problems = []
     if (saved_size := snapshot.get("world_size")) != identity["world_size"]:
         problems.append(f"world_size: checkpoint {saved_size}, this run "
@@ -105,26 +107,7 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
         problems.append(f"source identity: checkpoint {snapshot.get('source_identity')}, "
                         f"this run {identity['source_identity']}")
     problems += config_differences(snapshot.get("config") or {}, resolved,
-                                   int(snapshot.get("step") or 0))
-    return problems
-
-
-def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], step: int
-                       ) -> list[str]:
-    """Recipe differences that forbid resuming (R-RESUME-2); some keys may change."""
-    old, new = flatten_keys(saved), flatten_keys(current)
-    problems = []
-    for key in sorted(set(old) | set(new)):
-        a = old.get(key, DEFAULTS_OF_LATER_KEYS.get(key, "<absent>"))
-        b = new.get(key, "<absent>")
-        if a == b or is_resumable_change(key):
-            continue
-        problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
-    problems += patience_problems(old, new)
-    max_updates = new.get("trainer.max_updates")
-    if isinstance(max_updates, int) and max_updates < step:
-        problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
-                        f"update {step}")
+                                   int(snapshot.get("step") or 0), schema)
     return problems
 
 
@@ -152,11 +135,14 @@ def _refuse_differences(what: str, problems: list[str]) -> None:
 
 
 def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLock,
-            recipe_source: str | None = None) -> Prepared:
+            recipe_source: str | None = None, schema: type[BaseModel] | None = None
+            ) -> Prepared:
     """Decide how the run starts, lock and claim or continue its directory (rank 0 only).
 
-    `identity` is this launch's identity (a new run id, config, source identity...). Raises
-    RefusedError (exit 2) or RunComplete; on success the directory is locked by `lock`.
+    `identity` is this launch's identity (a new run id, config, source identity...);
+    `schema` the recipe's schema, whose defaults decide keys newer than a checkpoint
+    (None: the framework's alone). Raises RefusedError (exit 2) or RunComplete; on success
+    the directory is locked by `lock`.
     """
     resolved = identity["config"]
     max_updates = int(resolved["trainer"]["max_updates"])
@@ -164,10 +150,11 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
         return _fresh(identity, directory, lock)
     if start.kind == "checkpoint":
         assert start.checkpoint is not None
-        return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source)
+        return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source,
+                                schema)
     if start.kind == "in_place":
         return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot,
-                         again=f"resume {directory}")
+                         again=f"resume {directory}", schema=schema)
     # auto
     run_json = read_run_json(directory) if directory.is_dir() else None
     if run_json is None:
@@ -175,7 +162,8 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
             require_fresh(directory)  # refuses, naming what is there
         return _fresh(identity, directory, lock)
     return _in_place(identity, directory, lock, max_updates,
-                     again=f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume auto")
+                     again=f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume auto",
+                     schema=schema)
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
@@ -184,12 +172,13 @@ def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared
     require_fresh(directory)  # read-only: a refused start creates nothing, not even a lock
     site = before_claim(directory)
     lock.acquire()
-    claim(directory, {**identity, "events": []})
+    claim(directory, {**identity, "format_version": RUN_JSON_FORMAT, "events": []})
     return Prepared(identity, claimed=site)
 
 
 def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
-                     lock: RunLock, recipe_source: str | None) -> Prepared:
+                     lock: RunLock, recipe_source: str | None,
+                     schema: type[BaseModel] | None = None) -> Prepared:
     if checkpoint.is_dir():  # a run directory: its newest snapshot
         newest = newest_snapshot(checkpoint)
         if newest is None:
@@ -202,13 +191,13 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     snapshot = Snapshot(checkpoint, data)
     again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
-                                                         identity, again))
+                                                         identity, again, schema))
     if directory.is_dir() and directory.resolve() == checkpoint.parent.resolve():
         lock.acquire()
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
         _refuse_if_complete(snapshot, directory,
                             int(identity["config"]["trainer"]["max_updates"]), identity["config"])
-        return _continue(snapshot, identity, directory)
+        return _continue(snapshot, identity, directory, schema=schema)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
@@ -262,7 +251,8 @@ def in_place_problem(checkpoint: Path, run_id: str | None, step: int, directory:
 
 
 def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
-              chosen: Snapshot | None = None, again: str | None = None) -> Prepared:
+              chosen: Snapshot | None = None, again: str | None = None,
+              schema: type[BaseModel] | None = None) -> Prepared:
     """Continue the run in `directory` from its newest snapshot, rolling back what came after
     it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
     caller already picked (`resume RUN_DIR` reads its recipe from it)."""
@@ -290,12 +280,13 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
     _refuse_differences(str(snapshot.path) if snapshot is not None
                         else f"the run in {directory}", resume_problems(section,
                                                                         identity["config"],
-                                                                        identity, again))
+                                                                        identity, again,
+                                                                        schema))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
         check_shards_here(snapshot.data, snapshot.path)
         _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
-    return _continue(snapshot, identity, directory, run_json)
+    return _continue(snapshot, identity, directory, run_json, schema)
 
 
 def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
@@ -311,8 +302,10 @@ def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
 
 
 def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Path,
-              run_json: dict[str, Any] | None = None) -> Prepared:
-    """Roll back history beyond the snapshot, record the resume, keep the run's identity."""
+              run_json: dict[str, Any] | None = None, schema: type[BaseModel] | None = None
+              ) -> Prepared:
+    """Roll back history beyond the snapshot, record the resume, keep the run's identity.
+    Keys newer than run.json's recipe, at their default here, are added to it (R-RESUME-2)."""
     run_json = run_json if run_json is not None else read_run_json(directory) or {}
     step = snapshot.step if snapshot is not None else 0
     notes = [snapshot.note] if snapshot is not None and snapshot.note else []
@@ -347,8 +340,18 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
         resumed["note"] = snapshot.note
     events.append(resumed)
 
+    added = keys_at_default(run_json.get("config") or {}, identity["config"], schema)
+    if added:
+        resumed["config_keys_added"] = sorted(added)
+
     def record(data: dict[str, Any]) -> None:
         data.setdefault("events", []).extend(events)
+        # From this resume on, a clean stop is recorded (run_end): its absence says something.
+        if not records_clean_stops(data):
+            data["format_version"] = RUN_JSON_FORMAT
+        if added:  # the stored recipe records the keys it lacked, at their defaults
+            data["config"] = with_keys(data.get("config") or {}, added)
+            data["config_sha256"] = config_sha256(data["config"])
 
     update_run_json(directory, record)
     continued = {**identity, "run_id": run_json.get("run_id"),

@@ -23,6 +23,7 @@ from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choos
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import finite_values
+from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
 from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
@@ -178,6 +179,7 @@ class SupervisedTrainer:
             log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
                                                 t.early_stop))
         if stopping and self.step < t.max_updates:
+            record_clean_stop(run.directory, self.step, stopping, rank_zero)  # after settle
             raise stopped(stopping, self.step, t.max_updates, run.directory,
                           process_group.world_size())
         return dict(self.last_metrics)

@@ -1,0 +1,116 @@
+"""Which recipe differences forbid resuming a checkpoint (R-RESUME-2). Torch-free.
+
+A key may differ when it changes only how a run is shown, checked or saved
+(`RESUMABLE_CHANGES`). A key the checkpoint's stored recipe lacks (the schema grew after the
+checkpoint was written) is no difference when this run's value is the schema's default (the
+framework's schema, or the factory's `config_schema`, read off the schema itself): a schema
+author gives a new key the default that reproduces the old behaviour. A key the checkpoint
+has and this run lacks (renamed or removed) is always a difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel
+
+from embodichain.core.recipe.best import patience_problems
+from embodichain.core.recipe.schema import (
+    NO_DEFAULT,
+    FrameworkConfig,
+    default_at,
+    flatten_keys,
+    is_resumable_change,
+)
+
+ABSENT = "<absent>"
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], step: int,
+                       schema: type[BaseModel] | None = None) -> list[str]:
+    """Each recipe difference that forbids resuming, with both values. `schema`: the
+    recipe's schema (the combined one of its factory; None: the framework's alone), whose
+    defaults decide the keys `saved` lacks: such a key compares as its default (what the
+    checkpoint was trained with); a section it lacks as a whole, key by key as absent."""
+    old, new = flatten_keys(saved), flatten_keys(current)
+    newer = newer_keys(saved, current, schema)
+    problems = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, ABSENT), new.get(key, ABSENT)
+        if a == b or is_resumable_change(key):
+            continue
+        prefix = _absent_prefix(saved, key)
+        if prefix in newer:
+            default, value = newer[prefix]
+            if value == default:
+                continue
+            if prefix == key and default is not NO_DEFAULT:
+                a = default  # what the checkpoint was trained with, the key not yet there
+        problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+    problems += patience_problems(old, new)
+    max_updates = new.get("trainer.max_updates")
+    if isinstance(max_updates, int) and max_updates < step:
+        problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
+                        f"update {step}")
+    return problems
+
+
+def newer_keys(saved: Mapping[str, Any], current: Mapping[str, Any],
+               schema: type[BaseModel] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The outermost keys of `current` that `saved` lacks: `{key: (schema default or
+    NO_DEFAULT, this run's value)}`."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for key in flatten_keys(current):
+        prefix = _absent_prefix(saved, key)
+        if prefix is not None and prefix not in found:
+            found[prefix] = (default_at(schema or FrameworkConfig, prefix),
+                             _value_at(current, prefix))
+    return found
+
+
+def keys_at_default(saved: Mapping[str, Any], current: Mapping[str, Any],
+                    schema: type[BaseModel] | None = None) -> dict[str, Any]:
+    """The keys `saved` lacks that this run has at their default: `{key: value}`, what a
+    resume adds to the stored recipe so that it records them."""
+    return {key: value for key, (default, value) in newer_keys(saved, current, schema).items()
+            if value == default}
+
+
+def with_keys(config: Mapping[str, Any], added: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the nested `config` with each dotted key of `added` set."""
+    result = _copy(config)
+    for dotted, value in added.items():
+        *parents, leaf = dotted.split(".")
+        node = result
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return result
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _copy(v) for k, v in value.items()}
+    return value
+
+
+def _absent_prefix(saved: Mapping[str, Any], key: str) -> str | None:
+    """The shortest prefix of the dotted `key` that `saved` lacks, or None: present, or
+    below a value that is no section (`trainer.ema: null` saved, `trainer.ema.decay` now)."""
+    node: Any = saved
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, Mapping):
+            return None
+        if part not in node:
+            return ".".join(parts[:i + 1])
+        node = node[part]
+    return None
+
+
+def _value_at(data: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        node = node[part]
+    return node
