@@ -7,6 +7,8 @@ Named in recipes as `augmenting:build_supervised_trainer` with tests/factories o
   EMBODICHAIN_TEST_AUGMENT=0 turns the augmentation off (for the equivalence of the two).
 - EMBODICHAIN_TEST_FAIL_INDEX=I: `__getitem__` raises at example I.
 - EMBODICHAIN_TEST_SLEEP_S: seconds to sleep in every update (time to kill something).
+- EMBODICHAIN_TEST_SLOW_RANK=R:S: `__getitem__` sleeps S seconds per example on rank R only
+  (a rank whose data is slow).
 - EMBODICHAIN_TEST_KILLS / EMBODICHAIN_TEST_KILL_LOG: SIGKILL a training worker while it
   computes an update, once per kill id, as in restarting.py.
 """
@@ -34,6 +36,8 @@ class AugmentingDataset:
     def __init__(self, tensors: dict[str, torch.Tensor], augment: bool, fail_index: int | None
                  ) -> None:
         self.tensors, self.augment, self.fail_index = tensors, augment, fail_index
+        slow_rank, _, seconds = os.environ.get("EMBODICHAIN_TEST_SLOW_RANK", "").partition(":")
+        self.slow_s = float(seconds) if slow_rank == os.environ.get("RANK", "0") else 0.0
 
     def __len__(self) -> int:
         return len(self.tensors["x"])
@@ -41,6 +45,8 @@ class AugmentingDataset:
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index == self.fail_index:
             raise ValueError(f"corrupt record {index} (test)")
+        if self.slow_s:
+            time.sleep(self.slow_s)
         example = {k: v[index] for k, v in self.tensors.items()}
         if self.augment:
             jitter = (0.05 * torch.randn(4) + 0.05 * random.gauss(0.0, 1.0)

@@ -93,6 +93,10 @@ class ProgressLine:
         speed = f"{rate:>8.1f} upd/s"
         if room(speed) >= 20 + len(sep):  # the rate only where a bar still fits beside it
             parts.append(speed)
+        if r.data_wait is not None:
+            pace = f"{_number(r.examples_per_s):>7} ex/s data {r.data_wait:>4.0%}"
+            if room(pace) >= 20 + len(sep):
+                parts.append(pace)
         bar_width = room() - len(sep)
         rest = sep.join(parts)
         if bar_width < 10:  # no room for a useful bar: the numbers matter more
@@ -105,8 +109,9 @@ class ProgressLine:
 
 
 class ProgressReporter:
-    """Shows update N/total, loss, the best metric's last value, updates/s, elapsed time and
-    ETA. `label` names that metric (`val_accuracy` for `validation/accuracy`, R-MET-1)."""
+    """Shows update N/total, loss, the best metric's last value, updates/s, examples/s and
+    the slowest rank's share of time waiting for data, elapsed time and ETA. `label` names
+    that metric (`val_accuracy` for `validation/accuracy`, R-MET-1)."""
 
     def __init__(self, total: int, start: int, enabled: bool, every: int,
                  console: Console | None = None, label: str = DEFAULT_BEST.label) -> None:
@@ -118,6 +123,8 @@ class ProgressReporter:
         self.loss = float("nan")
         self.label = label
         self.val: float | None = None
+        self.examples_per_s: float | None = None
+        self.data_wait: float | None = None  # the slowest rank's share of time waiting
         self.step = start
         self._t0 = time.perf_counter()
         self._start = start
@@ -142,6 +149,8 @@ class ProgressReporter:
             self.loss = values["loss"]
         if "val" in values:
             self.val = values["val"]
+        if "data_wait" in values:
+            self.examples_per_s, self.data_wait = values["examples_per_s"], values["data_wait"]
         if self._live is None and self.plain and not values \
                 and (step % self.every == 0 or step == self.total):
             rate = self.rate(step)
@@ -150,8 +159,10 @@ class ProgressReporter:
                      self._status(step), clock(self.elapsed()), clock(eta))
 
     def _status(self, step: int) -> str:
+        pace = ("" if self.data_wait is None else
+                f"  {_number(self.examples_per_s)} ex/s  data wait {self.data_wait:.0%}")
         return (f"loss {_number(self.loss)}  {self.label} {_number(self.val)}  "
-                f"{self.rate(step):.1f} upd/s")
+                f"{self.rate(step):.1f} upd/s{pace}")
 
     def close(self) -> None:
         if self._live is not None:

@@ -1,5 +1,6 @@
 """Curves of one or more runs (R-OBS-1): `train/loss`, every other `train/*` key, every
-`validation/*` key and the learning rate against the update, one line per run, resume and
+`validation/*` key, the learning rate and the share of time waiting for data
+(`time/data_wait_max`) against the update, one line per run, resume and
 roll-back points marked. A panel is on a log axis only when its values are positive and span
 more than two decades; otherwise linear (an accuracy, a loss that barely moves).
 
@@ -71,14 +72,15 @@ def _unique_tails(paths: list[Path]) -> list[str]:
 
 def plotted_keys(runs: list[RunCurves]) -> list[str]:
     """train/loss, every other train/* key, every validation/* key (the runs' best metrics
-    first), then train/lr."""
+    first), train/lr, then the slowest rank's share of time waiting for data."""
     keys = {k for run in runs for r in run.records for k in r}
     chosen = {run_best(run.identity).metric for run in runs}
     train = sorted(k for k in keys if k.startswith("train/") and k not in ("train/loss",
                                                                           "train/lr"))
     validation = sorted((k for k in keys if k.startswith("validation/")),
                         key=lambda k: (k not in chosen, k))
-    return [k for k in ["train/loss", *train, *validation, "train/lr"] if k in keys]
+    return [k for k in ["train/loss", *train, *validation, "train/lr", "time/data_wait_max"]
+            if k in keys]
 
 
 def log_scale(values: list[float]) -> bool:

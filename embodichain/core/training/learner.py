@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.core.training.nonfinite import nonfinite_loss
 from embodichain.core.training.objective import LossResult, Objective
@@ -60,7 +61,8 @@ class UpdateResult:
     `metrics`: `loss` and the objective's metrics, weighted means over all ranks and
     micro-batches (empty when the global weight is 0). The rest are the control values that
     rode the update's all-reduce: `stop` is the sum of every rank's stop flag,
-    `rank_zero_note` rank 0's note about saves (checkpoint/writer.py).
+    `rank_zero_note` rank 0's note about saves (checkpoint/writer.py), `data_waits` each
+    rank's seconds waiting for this update's data (rank r's in slot r).
     """
 
     metrics: dict[str, float]
@@ -69,6 +71,7 @@ class UpdateResult:
     nonfinite: bool
     stop: float
     rank_zero_note: float
+    data_waits: tuple[float, ...] = ()
 
     @property
     def loss(self) -> float | None:
@@ -117,7 +120,9 @@ class Learner:
         # averaged) stays the plain one, sharing its parameters.
         self.wrapped: nn.Module = self.strategy.wrap(self.model, compile=compile)
         self.metric_names: list[str] | None = None
-        self._flag_values = {0.0: torch.tensor(0.0, device=device)}  # the usual case, cached
+        # One slot per rank for the data waits: a sum all-reduce then carries every rank's
+        # own value (its largest is what starves the update), at no collective of its own.
+        self._rank, self._waits = process_group.rank(), process_group.world_size()
 
     @property
     def lr(self) -> float:
@@ -125,17 +130,19 @@ class Learner:
         return self.base_lr * self._lr_factor(self.scheduler.last_epoch)
 
     def update(self, objective: Objective, batches: Batch | Sequence[Batch], *,
-               stop: float = 0.0, rank_zero_note: float = 0.0) -> UpdateResult:
+               stop: float = 0.0, rank_zero_note: float = 0.0,
+               data_wait: float = 0.0) -> UpdateResult:
         """One optimizer update over one batch or a sequence of micro-batches.
 
-        `stop` (this rank's stop flag) and `rank_zero_note` (rank 0's note to every rank: a
-        time-based save is due, a background save failed) ride the update's all-reduce and
-        come back summed over ranks.
+        `stop` (this rank's stop flag), `rank_zero_note` (rank 0's note to every rank: a
+        time-based save is due, a background save failed) and `data_wait` (this rank's
+        seconds waiting for the batches) ride the update's all-reduce: the first two come
+        back summed over ranks, the waits one per rank.
         """
-        flags = (stop, rank_zero_note)
+        flags = self._flags((stop, rank_zero_note), data_wait)
         totals = self.strategy.accumulate(
             self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
-            self._local_statistics, self._flags(flags), self.scaler)
+            self._local_statistics, flags, self.scaler)
         nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
         skipped = totals[0] == 0.0 or nonfinite
         if not skipped:
@@ -160,20 +167,26 @@ class Learner:
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
         return torch.stack([v.reshape(()) for v in values])
 
-    def _flags(self, flags: tuple[float, float]) -> torch.Tensor:
-        """`[stop, rank_zero_note]` as the tensor that rides the update's all-reduce."""
-        return torch.stack([self._flag_values[v] if v in self._flag_values
-                            else torch.tensor(v, device=self.device) for v in flags])
+    def _flags(self, flags: tuple[float, float], data_wait: float) -> torch.Tensor:
+        """`[stop, rank_zero_note, wait_0 .. wait_{W-1}]` (this rank's wait in its own
+        slot) as the tensor that rides the update's all-reduce."""
+        waits = [0.0] * self._waits
+        waits[self._rank] = data_wait
+        return torch.tensor([*flags, *waits], dtype=torch.float32, device=self.device)
 
     def _result(self, totals: list[float], skipped: bool, nonfinite: bool) -> UpdateResult:
         """The totals as weighted means (none when the weight is 0) and control values."""
-        weight, stop, note = totals[0], totals[-2], totals[-1]
+        statistics, (stop, note), waits = (totals[:-2 - self._waits],
+                                           totals[-2 - self._waits:-self._waits],
+                                           totals[-self._waits:])
+        weight = statistics[0]
         metrics: dict[str, float] = {}
         if weight:
-            metrics["loss"] = totals[1] / weight
-            for name, value in zip(self.metric_names or [], totals[2:-2], strict=True):
+            metrics["loss"] = statistics[1] / weight
+            for name, value in zip(self.metric_names or [], statistics[2:], strict=True):
                 metrics[name] = value / weight
-        return UpdateResult(metrics, weight, skipped, nonfinite, float(stop), float(note))
+        return UpdateResult(metrics, weight, skipped, nonfinite, float(stop), float(note),
+                            tuple(waits))
 
     # -- state ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
 from embodichain.core.errors import DataFailure, TrainingError
+from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
@@ -132,6 +133,7 @@ class SupervisedTrainer:
                                        self.step, run.directory)
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
+        pace = DataPace(t.batch_size * t.grad_accumulation * process_group.world_size())
         if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
             progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
             self._show_validation(progress, self.last_metrics)
@@ -140,6 +142,7 @@ class SupervisedTrainer:
         try:
             while self.step < t.max_updates and not stopping and not self.stops_early:
                 result = self._update(stop)
+                pace.add(result.data_waits, process_group.rank())
                 self.step += 1
                 stopping = signal_of(result.stop)
                 if result.rank_zero_note >= SAVE_FAILED:  # a background save failed
@@ -148,7 +151,7 @@ class SupervisedTrainer:
                 if result.skipped:
                     self._record({"train/skipped": 1})
                 if self.step % t.log_every == 0:
-                    self._log_training(result, progress)
+                    self._log_training(result, progress, pace)
                 if t.validate_every and self.step % t.validate_every == 0:
                     self._validate(progress)
                 if t.save_every and self.step % t.save_every == 0:
@@ -185,11 +188,15 @@ class SupervisedTrainer:
         return dict(self.last_metrics)
 
     def _update(self, stop: StopRequest | None) -> UpdateResult:
-        """One update on every rank; the stop flags and rank 0's note ride its all-reduce."""
+        """One update on every rank; the stop flags, rank 0's note and each rank's wait for
+        its data ride its all-reduce."""
         with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
-            return self.learner.update(self.objective, self.loader.next_update(),
+            started = time.perf_counter()
+            batches = self.loader.next_update()
+            return self.learner.update(self.objective, batches,
                                        stop=stop.flag if stop is not None else 0.0,
-                                       rank_zero_note=self.checkpoints.rank_zero_note())
+                                       rank_zero_note=self.checkpoints.rank_zero_note(),
+                                       data_wait=time.perf_counter() - started)
 
     @property
     def stops_early(self) -> bool:
@@ -197,7 +204,8 @@ class SupervisedTrainer:
         early = self.config.trainer.early_stop
         return early is not None and self.tracker.exhausted(early.patience)
 
-    def _log_training(self, result: UpdateResult, progress: ProgressReporter) -> None:
+    def _log_training(self, result: UpdateResult, progress: ProgressReporter,
+                      pace: DataPace) -> None:
         # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
         # so every line stays strict JSON.
         record = {"train/weight": result.weight,
@@ -207,9 +215,11 @@ class SupervisedTrainer:
         record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
+        record.update(pace.metrics())
         self._record(record)
         progress.update(self.step, loss=result.loss if result.loss is not None
-                        else float("nan"))
+                        else float("nan"), examples_per_s=record["time/examples_per_s"],
+                        data_wait=record["time/data_wait_max"])
 
     def _check_finite(self, result: UpdateResult) -> None:
         """`trainer.on_nonfinite` after an update whose global loss was not finite (the
