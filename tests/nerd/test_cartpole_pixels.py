@@ -16,6 +16,7 @@ import yaml
 from embodichain_models.perception.cartpole_pixels.dataset import PixelFrames
 from embodichain_models.perception.cartpole_pixels.prepare import main as prepare
 
+from embodichain.learning.sl import file_digest
 from tests.support.processes import run_python_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,14 +40,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_frames_are_chunked_compressed_and_digested(data: Path) -> None:
     """Catches a file read whole per example (no per-frame chunks), uncompressed frames, and
-    a digest beside the file that is not that of its bytes."""
+    a digest that is not that of its bytes, and one cached beside the data."""
     with h5py.File(data / "train.h5") as f:
         frames = f["frames"]
         assert frames.shape == (60, 31, 3, 64, 64) and frames.dtype == "uint8"
         assert frames.chunks == (1, 1, 3, 64, 64) and frames.compression == "gzip"
         assert f["states"].shape == (60, 31, 4)
-    cached = json.loads((data / "train.h5.sha256").read_text())
-    assert cached["sha256"] == hashlib.sha256((data / "train.h5").read_bytes()).hexdigest()
+    digest = file_digest(data / "train.h5")  # from the per-user cache, prepared there
+    assert digest == "sha256:" + hashlib.sha256((data / "train.h5").read_bytes()).hexdigest()
+    assert not list(data.glob("*.sha256"))
 
 
 def test_the_hdf5_handle_is_opened_lazily_in_each_process(data: Path) -> None:

@@ -9,13 +9,13 @@ the number of worker processes.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from embodichain.core.data.digests import file_digest
+
+__all__ = ["DatasetSource", "MapDataset", "file_digest"]
 
 
 class MapDataset(Protocol):
@@ -59,52 +59,3 @@ class DatasetSource:
         from torch.utils.data import default_collate
 
         return default_collate([self.dataset[int(i)] for i in indices.tolist()])
-
-
-_CHUNK = 1 << 20
-
-
-def file_digest(path: str | Path, *, cache: bool = True) -> str:
-    """`sha256:<hex>` of the file's bytes, computed once and cached beside it.
-
-    The cache (`<file>.sha256`, JSON) is reused only while the file's size and modification
-    time are those it was computed for; otherwise the digest is computed again. A cache
-    that cannot be written (read-only directory) is simply not kept.
-    """
-    path = Path(path)
-    stat = path.stat()
-    stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    side = digest_path(path)
-    if cache:
-        try:
-            cached = json.loads(side.read_text())
-            if {k: cached.get(k) for k in stamp} == stamp and str(cached.get("sha256", "")):
-                return f"sha256:{cached['sha256']}"
-        except (OSError, ValueError, AttributeError):
-            pass
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(_CHUNK):
-            h.update(block)
-    digest = h.hexdigest()
-    if cache:
-        write_digest(path, digest, stamp)
-    return f"sha256:{digest}"
-
-
-def digest_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def write_digest(path: Path, digest: str, stamp: dict[str, int] | None = None) -> None:
-    """Record `digest` beside `path` (atomically; silently skipped when not writable)."""
-    if stamp is None:
-        stat = path.stat()
-        stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    side = digest_path(path)
-    tmp = side.with_name(f"{side.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({"sha256": digest, **stamp}) + "\n")
-        os.replace(tmp, side)
-    except OSError:
-        tmp.unlink(missing_ok=True)

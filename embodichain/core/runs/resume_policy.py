@@ -104,8 +104,13 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
                         f"{identity['world_size']} (exact recovery needs the same number of "
                         f"workers: {_launch_that_fits(saved_size, again)})")
     if snapshot.get("source_identity") != identity["source_identity"]:
+        from embodichain.core.data.identity_records import describe_change
+
+        change = describe_change(str(snapshot.get("source_identity")),
+                                 str(identity["source_identity"]))
         problems.append(f"source identity: checkpoint {snapshot.get('source_identity')}, "
-                        f"this run {identity['source_identity']}")
+                        f"this run {identity['source_identity']}"
+                        + (f" ({change})" if change else ""))
     problems += config_differences(snapshot.get("config") or {}, resolved,
                                    int(snapshot.get("step") or 0), schema)
     return problems

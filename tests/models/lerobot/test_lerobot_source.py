@@ -164,13 +164,16 @@ def test_two_dataloader_workers_load_the_examples_of_none_bitwise(
     assert pickle.loads(pickle.dumps(dataset))._videos._containers == {}
 
 
-def test_the_identity_follows_the_content_and_is_cached_beside_each_file(copy) -> None:
+def test_the_identity_follows_the_content_and_is_cached_outside_the_dataset(
+        copy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches an identity from paths or metadata alone: one changed table value, or a
     video replaced by another of the same length, must change it; an unchanged dataset
-    gives the same identity from the cached digests."""
+    gives the same identity from the cached digests, kept in the user cache, not beside
+    the files."""
+    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
     root = copy()
     first = lerobot_source(root).identity
-    assert (root / "data/chunk-000/file-001.parquet.sha256").is_file()
+    assert not list(root.rglob("*.sha256")) and list((tmp_path / "cache").rglob("*.json"))
     assert lerobot_source(root).identity == first
     assert lerobot_source(root, episodes=[0, 1]).identity != first
     table = pq.read_table(root / "data/chunk-000/file-001.parquet")

@@ -21,16 +21,22 @@ if TYPE_CHECKING:
 __all__ = ["LeRobotDecodeError", "LeRobotFormatError", "LeRobotFrames", "lerobot_source"]
 
 
-def lerobot_source(root: str | Path, **options: Any) -> DatasetSource:
+def lerobot_source(root: str | Path, *, identity: str = "content",
+                   **options: Any) -> DatasetSource:
     """A `DatasetSource` over the LeRobot dataset at `root`; `options` are those of
     `LeRobotFrames` (delta_timestamps, episodes, tolerance_s, normalize). Its identity is
-    the digest of the files the selected episodes read (see `identity.py`)."""
+    the digest of every byte the selected episodes read (`identity="content"`), or of their
+    metadata, table footers and video headers only (`identity="metadata"`, for datasets too
+    large to hash); see `identity.py`."""
     from embodichain.learning.sl import DatasetSource
     from embodichain_models.data.lerobot.dataset import LeRobotFrames
-    from embodichain_models.data.lerobot.identity import dataset_identity
+    from embodichain_models.data.lerobot.identity import IDENTITY_MODES, dataset_identity
 
+    if identity not in IDENTITY_MODES:  # before opening anything
+        raise LeRobotFormatError(f"identity={identity!r} is not one of "
+                                 f"{', '.join(IDENTITY_MODES)}")
     dataset = LeRobotFrames(root, **options)
-    return DatasetSource(dataset, identity=dataset_identity(dataset))
+    return DatasetSource(dataset, identity=dataset_identity(dataset, identity))
 
 
 def __getattr__(name: str) -> Any:

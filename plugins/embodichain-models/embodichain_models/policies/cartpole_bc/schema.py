@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, Strict
 
@@ -41,6 +41,10 @@ class DataSection(Section):
     """Actions predicted per example: the current one and the next chunk-1."""
     tolerance_s: float = Field(default=1e-4, gt=0)
     """How far a video frame's timestamp may lie from the one asked for, seconds."""
+    identity: Literal["content", "metadata"] = "content"
+    """What the data's identity digests (a resume with other data is refused): "content",
+    every byte (each file hashed once per machine, then cached), or "metadata", for data
+    too large to hash: meta/, table footers and video headers only (see docs/lerobot.md)."""
 
 
 class ValidationSection(Section):

@@ -40,7 +40,8 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
             raise UsageError(f"{data.root} has {len(indices)} episodes: too few to hold out "
                              f"data.val_episodes={data.val_episodes} and train on the rest")
         options = dataset_options(config, meta.fps)
-        source = lerobot_source(data.root, episodes=indices[:-data.val_episodes], **options)
+        source = lerobot_source(data.root, episodes=indices[:-data.val_episodes],
+                                identity=data.identity, **options)
         held_out = LeRobotFrames(data.root, episodes=indices[-data.val_episodes:], **options)
     except (LeRobotFormatError, ImportError) as exc:
         raise UsageError(str(exc)) from None

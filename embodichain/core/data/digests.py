@@ -1,0 +1,130 @@
+"""Content digests of data files, computed once per machine and cached outside the data.
+
+Nothing is ever written beside a data file (datasets sit on read-only shared mounts). The
+digest of a file is kept in a per-user cache directory (`cache_dir()`), under a key made of
+the file's real path, size, modification time (ns) and inode, and for a parquet table also
+a hash of its footer (the last 64 KiB or the whole footer if larger), so that a replaced
+file is never taken for the old one. The first process on a machine to ask hashes the file
+while every other one waits on a per-key file lock (`fcntl.flock`, not a collective: hashing
+a terabyte must not run into a process group's timeouts), then reads the cached result;
+after a restart the digest comes from the cache. A cache that cannot be written is not
+kept: the file is hashed without it, with one warning per process. No torch here.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+_CHUNK = 1 << 20
+FOOTER_BYTES = 64 << 10  # at least this much of a parquet file's tail goes into the key
+_MAX_FOOTER = 64 << 20
+_KEY_VERSION = 1
+_warned: set[str] = set()
+
+
+def cache_dir() -> Path:
+    """`$EMBODICHAIN_CACHE_DIR`, else `$XDG_CACHE_HOME/embodichain`, else
+    `~/.cache/embodichain`."""
+    if os.environ.get("EMBODICHAIN_CACHE_DIR"):
+        return Path(os.environ["EMBODICHAIN_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "embodichain"
+
+
+def parquet_footer(path: Path, size: int) -> bytes:
+    """The tail of a parquet file holding its footer (row groups, statistics, schema)."""
+    with path.open("rb") as f:
+        tail = min(size, FOOTER_BYTES)
+        f.seek(size - tail)
+        data = f.read(tail)
+        if len(data) >= 8 and data[-4:] == b"PAR1":
+            needed = int.from_bytes(data[-8:-4], "little") + 8
+            if tail < needed <= min(size, _MAX_FOOTER):
+                f.seek(size - needed)
+                data = f.read(needed)
+    return data
+
+
+def cache_key(path: Path) -> str:
+    """The key under which `path`'s digest is cached: it changes when the file is replaced
+    (another inode), resized, touched, or (a table) its footer differs."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    stamp: dict[str, object] = {"v": _KEY_VERSION, "path": real, "size": stat.st_size,
+                                "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+    if real.endswith(".parquet"):
+        stamp["footer"] = hashlib.sha256(parquet_footer(Path(real), stat.st_size)).hexdigest()
+    return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    """sha256 (hex) of every byte of the file."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_digest(path: str | Path, *, cache: bool = True) -> str:
+    """`sha256:<hex>` of the file's bytes, hashed at most once per machine (see the module
+    docstring); `cache=False` hashes it now, reading and writing no cache."""
+    path = Path(path)
+    if not cache:
+        return f"sha256:{hash_file(path)}"
+    key = cache_key(path)
+    folder = cache_dir() / "digests" / key[:2]
+    entry = folder / f"{key}.json"
+    if (hit := _read(entry)) is not None:
+        return f"sha256:{hit}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        _warn_once(f"the digest cache {cache_dir()} cannot be written ({exc.strerror}): "
+                   "data files are hashed at every start (set EMBODICHAIN_CACHE_DIR to a "
+                   "writable directory)")
+        return f"sha256:{hash_file(path)}"
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others on this machine wait, then read it
+        if (hit := _read(entry)) is not None:
+            return f"sha256:{hit}"
+        digest = hash_file(path)
+        if cache_key(path) == key:  # not while the file changed under us
+            _write(entry, {"sha256": digest, "path": os.path.realpath(path)})
+        return f"sha256:{digest}"
+    finally:
+        os.close(lock)  # releases the lock
+
+
+def _read(entry: Path) -> str | None:
+    try:
+        digest = json.loads(entry.read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) and len(digest) == 64 else None
+
+
+def _write(entry: Path, record: dict[str, str]) -> None:
+    tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(record) + "\n")
+        os.replace(tmp, entry)  # whole or absent, never half-written
+    except OSError as exc:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        _warn_once(f"the digest cache {cache_dir()} cannot be written ({exc.strerror}): "
+                   "data files are hashed at every start")
+
+
+def _warn_once(message: str) -> None:
+    if not _warned:  # once per process, whatever the error
+        _warned.add(message)
+        logging.getLogger("embodichain").warning("warning: %s", message)
