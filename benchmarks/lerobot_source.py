@@ -165,8 +165,9 @@ def identity_cost(root: Path) -> dict:
     dataset = LeRobotFrames(root)
     files = source_files(dataset)
     size = sum(p.stat().st_size for p in files)
-    for p in files:
-        p.with_name(p.name + ".sha256").unlink(missing_ok=True)
+    # Digests are cached per user (core/data/digests.py): a fresh cache makes the first
+    # identity a real hash of every byte.
+    os.environ["EMBODICHAIN_CACHE_DIR"] = tempfile.mkdtemp(prefix="embodichain-cache-")
     start = time.perf_counter()
     dataset_identity(dataset)
     first = time.perf_counter() - start

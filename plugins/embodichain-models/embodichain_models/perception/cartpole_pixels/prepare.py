@@ -5,8 +5,8 @@
 writes `train.h5` and `val.h5` (needs h5py: `pip install 'embodichain-models[hdf5]'`), each
 with `frames` (uint8 `[trajectories, steps+1, 3, size, size]`, one gzip-compressed chunk per
 frame, so an example decodes only its own frames) and `states` (float32 `[trajectories,
-steps+1, 4]`: x, θ, ẋ, θ̇), and the content digest beside each (`train.h5.sha256`), which
-is the training source's identity. The physics is NeRD's cart-pole (no simulator needed).
+steps+1, 4]`: x, θ, ẋ, θ̇). Each file's content digest (cached per user, never beside the
+file) is the training source's identity. The physics is NeRD's cart-pole (no simulator needed).
 """
 
 from __future__ import annotations
