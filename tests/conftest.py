@@ -169,12 +169,12 @@ def pytest_testnodedown(node, error) -> None:  # noqa: ANN001 - xdist's WorkerCo
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How the CLI and torchrun were launched (all workers): a launch that silently lost the
-    warm interpreter (tests/support/warm_python.py) shows here with its reason."""
-    from tests.support.processes import LAUNCHES
+    warm interpreter (tests/support/warm_python.py) shows here with its reason, and torchrun
+    workers left fresh because torch is not what the harness expects, once, as a warning."""
+    from tests.support.processes import LAUNCHES, launch_summary
 
-    if LAUNCHES:
-        terminalreporter.write_line("python -m launches: " + ", ".join(
-            f"{count} {how}" for how, count in LAUNCHES.most_common()))
+    for line in launch_summary(LAUNCHES):
+        terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -12,14 +12,15 @@ import re
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.support import run_cli, run_torchrun, worker_env, write_recipe
-from tests.support.processes import run_python_module
+from tests.support import processes, run_cli, run_torchrun, worker_env, write_recipe
+from tests.support.processes import launch_summary, run_python_module
 from tests.support.state_compare import assert_training_state_equal
-from tests.support.warm_python import WarmPython, fresh_only, warm_python
+from tests.support.warm_python import WarmPython, fresh_only, torch_mismatch, warm_python
 
 
 def _without_run_identity(text: str, run: Path) -> str:
@@ -45,13 +46,11 @@ def test_a_warm_run_equals_a_fresh_one(tmp_path: Path) -> None:
                                        outputs[False][2] / "last.pt") > 0
 
 
-def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path) -> None:
-    """Catches torchrun workers that pay the imports again (fresh interpreters), that share
-    the agent's session (torchrun starts each in a new one), whose exit status torchrun does
-    not see, or whose parent outlives a SIGKILLed agent (the product's launcher watch would
-    never fire: tests/recovery/test_launcher_death.py runs it with fresh workers)."""
-    if fresh_only():
-        pytest.skip("EMBODICHAIN_TESTS_FRESH=1 makes every launch fresh")
+def _worker_probe(tmp_path: Path) -> dict[str, str]:
+    """A module `worker_probe` for torchrun's workers: each prints its rank, whether torch was
+    imported before it ran (a forked worker), whether it leads its session, and its torch seed;
+    `fail` ends rank 1 with 3, `kill P` has rank 0 SIGKILL the agent and write to P whether it
+    saw its parent change. Returns the environment that finds it."""
     probe = tmp_path / "lib" / "worker_probe.py"
     probe.parent.mkdir()
     probe.write_text(
@@ -59,6 +58,8 @@ def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path
         "rank, parent = os.environ['RANK'], os.getppid()\n"
         "seen = {'rank': rank, 'warm': 'torch' in sys.modules,\n"
         "        'leader': os.getsid(0) == os.getpid()}\n"
+        "if seen['warm']:\n"
+        "    seen['seed'] = sys.modules['torch'].initial_seed()\n"
         "if sys.argv[1] == 'kill' and rank == '0':\n"
         "    agent = int(open(f'/proc/{parent}/stat').read().rsplit(')', 1)[1].split()[1])\n"
         "    os.kill(agent, signal.SIGKILL)\n"
@@ -70,12 +71,32 @@ def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path
         "    os.replace(sys.argv[2] + '.part', sys.argv[2])\n"
         "print(json.dumps(seen), flush=True)\n"
         "sys.exit(3 if sys.argv[1] == 'fail' and rank == '1' else 0)\n")
-    env = worker_env(PYTHONPATH=str(probe.parent))
+    return worker_env(PYTHONPATH=str(probe.parent))
+
+
+def _probed(proc: subprocess.CompletedProcess[str]) -> list[dict]:
+    return sorted((json.loads(line) for line in proc.stdout.splitlines()),
+                  key=lambda s: s["rank"])
+
+
+def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path) -> None:
+    """Catches torchrun workers that pay the imports again (fresh interpreters: also a torch
+    check that wrongly finds this torch unexpected), that share the agent's session (torchrun
+    starts each in a new one), that share torch's random seed (a fresh process draws its own),
+    whose exit status torchrun does not see, or whose parent outlives a SIGKILLed agent (the
+    product's launcher watch would never fire: tests/recovery/test_launcher_death.py runs it
+    with fresh workers)."""
+    if fresh_only():
+        pytest.skip("EMBODICHAIN_TESTS_FRESH=1 makes every launch fresh")
+    unexpected = warm_python(worker_env()).workers_fresh
+    assert unexpected is None, f"torch is not what the warm workers expect: {unexpected}"
+    env = _worker_probe(tmp_path)
     proc = run_torchrun("fail", module="worker_probe", cwd=tmp_path, env=env)
     assert proc.returncode == 1 and "exitcode  : 3" in proc.stderr, proc.stderr
-    seen = sorted((json.loads(line) for line in proc.stdout.splitlines()),
-                  key=lambda s: s["rank"])
+    seen = _probed(proc)
+    seeds = {s.pop("seed", None) for s in seen}
     assert seen == [{"rank": r, "warm": True, "leader": True} for r in "01"], proc.stdout
+    assert len(seeds) == 2, f"both workers drew torch seed {seeds}"
     killed = run_torchrun("kill", str(tmp_path / "killed.json"), module="worker_probe",
                           cwd=tmp_path, env=env)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -83,6 +104,79 @@ def test_torchrun_workers_are_forked_warm_and_see_their_agent_die(tmp_path: Path
     while not (tmp_path / "killed.json").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert json.loads((tmp_path / "killed.json").read_text())["orphaned"]
+
+
+# Stand-ins for torch's SubprocessHandler, each unlike it in one thing the warm workers use.
+class _AsTorch:
+    def __init__(self, entrypoint: str, args: tuple, env: dict) -> None:
+        self._stdout = self._stderr = None
+        self.proc = self._popen((entrypoint, *args), env)
+
+    def _popen(self, args: tuple, env: dict):  # noqa: ANN202
+        return subprocess.Popen(args, env=env, stdout=self._stdout, stderr=self._stderr,
+                                start_new_session=True)
+
+
+class _NoPopen:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["true"])
+
+
+class _OtherParameters(_AsTorch):
+    def _popen(self, cmd: tuple, env: dict, numa: object = None):  # noqa: ANN202
+        return subprocess.Popen(cmd, env=env, stdout=self._stdout, stderr=self._stderr,
+                                start_new_session=True)
+
+
+class _ProcElsewhere(_AsTorch):
+    def __init__(self, entrypoint: str, args: tuple, env: dict) -> None:
+        self._stdout = self._stderr = None
+        self._proc = self._popen((entrypoint, *args), env)
+
+
+class _SameSession(_AsTorch):
+    def _popen(self, args: tuple, env: dict):  # noqa: ANN202
+        return subprocess.Popen(args, env=env, stdout=self._stdout, stderr=self._stderr)
+
+
+def test_torch_internals_the_warm_workers_replace_are_checked() -> None:
+    """Catches a check that lets through a SubprocessHandler without `_popen`, whose `_popen`
+    takes other parameters or starts no new session, whose `__init__` does not keep `_popen`'s
+    result as `self.proc`, or whose users call a `proc` method a `Launch` lacks: the warm
+    workers would break every distributed test instead of falling back to fresh ones."""
+    uses = ["handler.proc.poll()\nos.killpg(self.proc.pid, sig)\nself.proc.wait(1)\n"]
+    assert torch_mismatch(_AsTorch, uses) is None
+    assert "no _popen" in torch_mismatch(_NoPopen, uses)
+    assert "takes (self, cmd, env, numa), not (self, args, env)" in \
+        torch_mismatch(_OtherParameters, uses)
+    assert "self.proc" in torch_mismatch(_ProcElsewhere, uses)
+    assert "start_new_session" in torch_mismatch(_SameSession, uses)
+    assert "proc.terminate" in torch_mismatch(_AsTorch, [*uses, "handler.proc.terminate()"])
+
+
+def test_a_torch_it_does_not_expect_gets_fresh_workers_and_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a warm interpreter that forks torchrun's workers although torch's
+    `SubprocessHandler._popen` is not what it expects (simulated by expecting other
+    parameters), or a fallback that the session summary does not count and warn of."""
+    monkeypatch.setattr(processes, "fresh_only", lambda: False)  # also under the fresh pass
+    warm = WarmPython(worker_env(), popen_parameters=("self", "argv", "env"))
+    try:
+        assert warm.workers_fresh == "SubprocessHandler._popen takes (self, args, env), " \
+                                     "not (self, argv, env)"
+        launches: Counter[str] = Counter()
+        monkeypatch.setattr(processes, "warm_python", lambda env: warm)
+        monkeypatch.setattr(processes, "LAUNCHES", launches)
+        proc = run_torchrun("fail", module="worker_probe", cwd=tmp_path,
+                            env=_worker_probe(tmp_path))
+    finally:
+        warm.close()
+    assert proc.returncode == 1 and "exitcode  : 3" in proc.stderr, proc.stderr
+    assert _probed(proc) == [{"rank": r, "warm": False, "leader": True} for r in "01"]
+    reason = f"({warm.workers_fresh})"
+    assert launches == {f"{processes.WORKERS_FRESH} {reason}": 1}
+    warning = [line for line in launch_summary(launches) if line.startswith("WARNING")]
+    assert len(warning) == 1 and warm.workers_fresh in warning[0], warning
 
 
 def test_a_torchrun_run_with_warm_workers_equals_a_fresh_one(tmp_path: Path) -> None:

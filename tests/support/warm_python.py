@@ -23,16 +23,23 @@ the agent, whose `Popen` of `python -u -m MODULE ...` asks that server to fork t
 instead (`start_new_session` included). The worker's parent is the server, which dies with
 the agent (`PR_SET_PDEATHSIG`), so a worker sees its launcher die as under plain torchrun:
 its parent pid changes. A worker environment with other import-time settings than the
-agent's (beyond what torchrun itself sets) gets a fresh interpreter. Forked workers share
-the warm interpreter's hash seed, where fresh ones draw their own. The CLI's own launcher
+agent's (beyond what torchrun itself sets) gets a fresh interpreter. The CLI's own launcher
 (`--nproc-per-node`) runs the same agent and gets the same.
+
+That replaces torch's private `SubprocessHandler._popen`, so the warm interpreter first checks
+that torch is what it was written for (`torch_mismatch`); where not, torch starts the workers
+itself, fresh, and the session summary warns of it. Forked children share the hash seed and
+what was imported before the fork (docs/development.md); torch's default generator is
+reseeded in each, as a fresh process draws its own seed.
 """
 
 from __future__ import annotations
 
 import atexit
+import inspect
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -52,8 +59,13 @@ IMPORT_TIME_EXCEPT = {"PYTHONPATH", "PYTHONUNBUFFERED", "TORCHELASTIC_ERROR_FILE
                       "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 # What torchrun's agent adds to a worker's environment beyond its own (read at run time).
 WORKER_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+# What warm_popen replaces: `SubprocessHandler._popen(self, args, env)` (torch 2.6 to 2.13).
+POPEN_PARAMETERS = ("self", "args", "env")
+HANDLER_MODULE = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
+PROC_USERS = (HANDLER_MODULE, "torch.distributed.elastic.multiprocessing.api")
 _base_path: list[str] = []  # the warm interpreter's sys.path, which each launch starts from
 _workdir = ""  # the warm interpreter's temporary directory (socket, log, worker sockets)
+_workers_fresh: str | None = None  # why this warm interpreter leaves torchrun's workers fresh
 
 
 def _import_time_env(env: dict[str, str]) -> dict[str, str]:
@@ -100,29 +112,85 @@ class Launch:
             return self.wait()
         return self.returncode
 
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
     def close(self) -> None:
         """Stop listening for the launch's end (the process itself is left alone)."""
         self._conn.close()
 
 
+# What torch may use of a handler's `proc` (a `Popen`) for a `Launch` to stand in for it.
+PROC_ATTRIBUTES = frozenset({"pid", "returncode", "args", "poll", "wait", "send_signal"})
+
+
+def torch_mismatch(handler: type, users: list[str],
+                   parameters: tuple[str, ...] = POPEN_PARAMETERS) -> str | None:
+    """What in torch's `SubprocessHandler` (`handler`) differs from what the warm workers'
+    `_popen` relies on (None: nothing); `users` are the sources that use a handler's `proc`."""
+    name = "SubprocessHandler"
+    popen = getattr(handler, "_popen", None)
+    if not inspect.isfunction(popen):
+        return f"{name} has no _popen method"
+    found = tuple(inspect.signature(popen).parameters)
+    if found != parameters:
+        return f"{name}._popen takes ({', '.join(found)}), not ({', '.join(parameters)})"
+    try:
+        init, body = inspect.getsource(handler.__init__), inspect.getsource(popen)
+    except (OSError, TypeError):
+        return f"the source of {name} cannot be read"
+    if not re.search(r"self\.proc\b[^=\n]*=\s*self\._popen\(", init):
+        return f"{name}.__init__ does not set self.proc from self._popen(...)"
+    for needed in ("self._stdout", "self._stderr", "start_new_session"):
+        if needed not in body:
+            return f"{name}._popen does not use {needed}"
+    used = {a for source in users for a in re.findall(r"\.proc\.(\w+)", source)}
+    if used - PROC_ATTRIBUTES:
+        return "torch uses a handler's proc." + ", proc.".join(sorted(used - PROC_ATTRIBUTES))
+    return None
+
+
+def _check_torch(parameters: tuple[str, ...]) -> str | None:
+    """`torch_mismatch` of the torch this interpreter imported."""
+    import importlib
+
+    try:
+        handler = importlib.import_module(HANDLER_MODULE).SubprocessHandler
+        users = [inspect.getsource(importlib.import_module(m)) for m in PROC_USERS]
+    except (ImportError, AttributeError, OSError) as e:
+        return f"{HANDLER_MODULE}.SubprocessHandler: {e}"
+    return torch_mismatch(handler, users, parameters)
+
+
+def launches_workers(module: str, args: list[str]) -> bool:
+    """Whether `python -m module args` starts workers (torchrun, or the CLI's launcher)."""
+    return module == "torch.distributed.run" or any(
+        arg.startswith("--nproc-per-node") for arg in args)
+
+
 class WarmPython:
     """One warm interpreter serving `run(module, args, ...)` launches for this process."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], popen_parameters: tuple[str, ...] = POPEN_PARAMETERS
+                 ) -> None:
         self.env = dict(env)
         self.env.pop("PYTHONPATH", None)
         self._dir = tempfile.mkdtemp(prefix="warm_python_")
         self.address = os.path.join(self._dir, "socket")
         self.log = open(os.path.join(self._dir, "server.log"), "w+b")  # noqa: SIM115
         self.server = subprocess.Popen(
-            [sys.executable, __file__, self.address], env=self.env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self.log, cwd=self._dir)
+            [sys.executable, __file__, self.address, ",".join(popen_parameters)], env=self.env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, cwd=self._dir)
         assert self.server.stdout is not None
         ready = self.server.stdout.readline()
         if ready.strip() != b"ready":
             self.log.seek(0)
             raise RuntimeError("the warm interpreter did not start:\n" + self.log.read().decode())
-        self.modules = set(json.loads(self.server.stdout.readline()))
+        state = json.loads(self.server.stdout.readline())
+        self.modules: set[str] = set(state["modules"])
+        # Why torchrun's workers are started fresh (torch is not what warm_popen expects).
+        self.workers_fresh: str | None = state["workers_fresh"]
 
     def can_run(self, env: dict[str, str]) -> bool:
         """Whether a launch with this environment behaves as a fresh interpreter would."""
@@ -193,20 +261,22 @@ def fresh_only() -> bool:
 
 # -- the server side (the warm interpreter) --------------------------------------------------
 
-def _main(address: str) -> None:
-    """The warm interpreter: import, say so, serve until the test process lets go."""
+def _main(address: str, popen_parameters: tuple[str, ...]) -> None:
+    """The warm interpreter: import, check torch, say so, serve until the test lets go."""
     import importlib
 
-    global _workdir
+    global _workdir, _workers_fresh
     for name in PRELOAD:
         importlib.import_module(name)
+    _workers_fresh = _check_torch(popen_parameters)
     _base_path[:] = sys.path
     _workdir = os.path.dirname(address)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
-    sys.stdout.write("ready\n" + json.dumps(sorted({m.split(".")[0] for m in sys.modules}))
-                     + "\n")
+    sys.stdout.write("ready\n" + json.dumps({
+        "modules": sorted({m.split(".")[0] for m in sys.modules}),
+        "workers_fresh": _workers_fresh}) + "\n")
     sys.stdout.flush()
     _serve(listener, sys.stdin.fileno(), orphan_on_close=False)
 
@@ -279,9 +349,9 @@ def _child(request: dict, fds: list[int]) -> None:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     sys.argv = [request["module"], *request["args"]]
     sys.modules.pop(request["module"], None)  # -m executes it afresh as __main__
-    if request["module"] == "torch.distributed.run" or any(
-            arg.startswith("--nproc-per-node") for arg in request["args"]):
-        _fork_workers_warm()  # torchrun, or the CLI launching its own workers
+    sys.modules["torch"].default_generator.seed()  # a fresh process draws its own seed
+    if _workers_fresh is None and launches_workers(request["module"], request["args"]):
+        _fork_workers_warm()
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
 
@@ -329,4 +399,4 @@ def _fork_workers_warm() -> None:
 
 
 if __name__ == "__main__":
-    _main(sys.argv[1])
+    _main(sys.argv[1], tuple(sys.argv[2].split(",")))
