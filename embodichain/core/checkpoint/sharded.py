@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -245,24 +245,34 @@ def shard_problems_here(data: Mapping[str, Any], path: Path) -> list[str]:
     """What is wrong with the shards of manifest `data` (at `path`) that this node can
     judge: every shard it can see must verify, and none written on this node (host and
     torchrun node rank) may be missing. Empty for an unsharded checkpoint. Shards written
-    on other nodes and absent here are checked by their own ranks at restore."""
+    on other nodes and absent here (`shards_elsewhere`) are for their own ranks to check."""
     if not is_sharded_checkpoint(data):
         return []
-    here, problems = (socket.gethostname(), _node()), []
-    for rank, entry in sorted(shard_table(data).items()):
-        written_here = (entry.get("host"), entry.get("node", 0)) == here
-        if not (Path(path).parent / entry["file"]).is_file() and not written_here:
-            continue
-        problem = check_shard(Path(path).parent, data, rank)
-        if problem is not None:
-            problems.append(problem)
-    return problems
+    elsewhere = set(shards_elsewhere(data, path))
+    return [problem for rank in sorted(shard_table(data)) if rank not in elsewhere
+            and (problem := check_shard(Path(path).parent, data, rank)) is not None]
 
 
-def check_shards_here(data: Mapping[str, Any], path: Path) -> None:
+def shards_elsewhere(data: Mapping[str, Any], path: Path) -> list[int]:
+    """The ranks whose shard of manifest `data` (at `path`) this node cannot judge: written
+    on another node (host and torchrun node rank) and absent here."""
+    if not is_sharded_checkpoint(data):
+        return []
+    here = (socket.gethostname(), _node())
+    return [rank for rank, entry in sorted(shard_table(data).items())
+            if (entry.get("host"), entry.get("node", 0)) != here
+            and not (Path(path).parent / entry["file"]).is_file()]
+
+
+def check_shards_here(data: Mapping[str, Any], path: Path,
+                      elsewhere: Callable[[Path, Mapping[str, Any]], list[str]] | None = None
+                      ) -> None:
     """Before a resume from a named checkpoint changes anything (rank 0): refuse naming
-    each bad shard and its host (`shard_problems_here`)."""
+    each bad shard and its host (`shard_problems_here`, then what `elsewhere` hears from
+    the ranks that hold the others)."""
     problems = shard_problems_here(data, path)
+    if not problems and elsewhere is not None:
+        problems = elsewhere(path, data)
     if problems:
         raise CheckpointError(f"cannot resume from the sharded checkpoint {path}: "
                               + "; ".join(problems) + ". Nothing was changed.")

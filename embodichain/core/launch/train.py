@@ -14,6 +14,7 @@ import random
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 import embodichain
+from embodichain.core.checkpoint.sharded import check_shard, shards_elsewhere
 from embodichain.core.data.samplers import stream_seed
 from embodichain.core.distributed import determinism, process_group
 from embodichain.core.distributed.stop_request import StopRequest
@@ -224,17 +226,22 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
     One gather brings rank 0 every rank's host, data identity and (for `--resume auto`)
     whether it sees a run in its own output_dir (R-DIST-7, R-DIST-6). Rank 0 alone reads
     the snapshot; it broadcasts the common state and scatters each rank only its own part,
-    so no other node needs the file (nor the run directory).
+    so no other node needs the file (nor the run directory). While rank 0 decides, it may
+    ask the other ranks whether their shards of a sharded manifest verify (those its node
+    does not hold): each answers for its own shard, so the snapshot chosen is complete on
+    every node (R-RESUME-8) before anything is changed.
     """
     facts = {"rank": process_group.rank(), "host": socket.gethostname(),
              "source_identity": trainer.source.identity,
              "sees_run": start.kind == "auto"
              and bool(artifacts_in(Path(recipe.config.trainer.output_dir)))}
     peers = process_group.gather_to_rank_zero(facts)
-    outcome, payload = None, None
+    payload = None
     if process_group.is_rank_zero():
         outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [])
-    outcome = process_group.broadcast_from_rank_zero(outcome)
+        process_group.broadcast_from_rank_zero(outcome)
+    else:
+        outcome = _outcome_from_rank_zero()
     if outcome.refused is not None:
         process_group.wait_for_rank_zero_exit(outcome.origin)
         raise RefusedError(outcome.refused)
@@ -265,7 +272,8 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)
-        prepared = prepare(start, identity, directory, lock, recipe.source, type(recipe.config))
+        prepared = prepare(start, identity, directory, lock, recipe.source,
+                           type(recipe.config), elsewhere=_shards_elsewhere)
         lock.publish(identity["created_at"])
     except RunComplete as done:
         return StartOutcome(complete=str(done)), None
@@ -304,6 +312,51 @@ def _check_peers(peers: list[dict[str, Any]], directory: Path) -> None:
                 "rank 0 runs; this rendezvous put rank 0 on another machine. Start again with "
                 f"the node that holds the run as node rank 0 (or copy {directory} there); "
                 "nothing was started, so the run is not started over.")
+
+
+def _shards_elsewhere(path: Path, data: Mapping[str, Any]) -> list[str]:
+    """Rank 0, while it decides: what the ranks holding shards of manifest `data` that
+    this node does not hold find wrong with them ([]: they verify). Each such rank reads
+    only its own shard; the others answer None (one broadcast, one gather)."""
+    ranks = [r for r in shards_elsewhere(data, path) if r < process_group.world_size()]
+    if not ranks:  # a rank beyond this launch: its world size is refused afterwards
+        return []
+    process_group.broadcast_from_rank_zero(
+        _ShardCheck(str(path.parent), data["payload"]["run"], data["payload"]["sharded"],
+                    ranks))
+    return [p for p in process_group.gather_to_rank_zero(None) or [] if p is not None]
+
+
+@dataclass(frozen=True)
+class _ShardCheck:
+    """Rank 0's question to every rank: do your shards of this manifest verify? The
+    manifest's directory as named (each node resolves it in its own working directory)."""
+
+    directory: str
+    run: dict[str, Any]
+    sharded: dict[str, Any]
+    ranks: list[int]
+
+    def answer(self) -> str | None:
+        """This rank's problem with its shard (None when it verifies or is not asked);
+        never raises, so that rank 0 always hears from every rank."""
+        rank = process_group.rank()
+        if rank not in self.ranks:
+            return None
+        try:
+            problem = check_shard(Path(self.directory),
+                                  {"payload": {"run": self.run, "sharded": self.sharded}}, rank)
+        except Exception as exc:
+            problem = f"shard of rank {rank}: {type(exc).__name__}: {exc}"
+        return None if problem is None else \
+            f"{problem} (found by rank {rank} on {socket.gethostname()})"
+
+
+def _outcome_from_rank_zero() -> StartOutcome:
+    """On the other ranks: the outcome rank 0 decided, answering its shard checks first."""
+    while isinstance(message := process_group.broadcast_from_rank_zero(None), _ShardCheck):
+        process_group.gather_to_rank_zero(message.answer())
+    return message
 
 
 def versions(recipe: Recipe) -> dict[str, str]:

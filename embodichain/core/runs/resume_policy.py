@@ -57,7 +57,12 @@ from embodichain.core.runs.run_lock import (
     last_holder,
     refuse_if_locked,
 )
-from embodichain.core.runs.snapshots import Snapshot, newest_snapshot, snapshot_files
+from embodichain.core.runs.snapshots import (
+    ShardsElsewhere,
+    Snapshot,
+    newest_snapshot,
+    snapshot_files,
+)
 
 StartKind = Literal["fresh", "checkpoint", "in_place", "auto"]
 
@@ -140,14 +145,16 @@ def _refuse_differences(what: str, problems: list[str]) -> None:
 
 
 def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLock,
-            recipe_source: str | None = None, schema: type[BaseModel] | None = None
-            ) -> Prepared:
+            recipe_source: str | None = None, schema: type[BaseModel] | None = None,
+            elsewhere: ShardsElsewhere | None = None) -> Prepared:
     """Decide how the run starts, lock and claim or continue its directory (rank 0 only).
 
     `identity` is this launch's identity (a new run id, config, source identity...);
     `schema` the recipe's schema, whose defaults decide keys newer than a checkpoint
     (None: the framework's alone). Raises RefusedError (exit 2) or RunComplete; on success
-    the directory is locked by `lock`.
+    the directory is locked by `lock`. `elsewhere` asks the ranks of other nodes about the
+    shards only they hold, so that a snapshot counts as complete (or a named checkpoint is
+    refused) before anything changes.
     """
     resolved = identity["config"]
     max_updates = int(resolved["trainer"]["max_updates"])
@@ -156,10 +163,10 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
     if start.kind == "checkpoint":
         assert start.checkpoint is not None
         return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source,
-                                schema)
+                                schema, elsewhere)
     if start.kind == "in_place":
         return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot,
-                         again=f"resume {directory}", schema=schema)
+                         again=f"resume {directory}", schema=schema, elsewhere=elsewhere)
     # auto
     run_json = read_run_json(directory) if directory.is_dir() else None
     if run_json is None:
@@ -168,7 +175,7 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
         return _fresh(identity, directory, lock)
     return _in_place(identity, directory, lock, max_updates,
                      again=f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume auto",
-                     schema=schema)
+                     schema=schema, elsewhere=elsewhere)
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
@@ -183,16 +190,17 @@ def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared
 
 def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
                      lock: RunLock, recipe_source: str | None,
-                     schema: type[BaseModel] | None = None) -> Prepared:
+                     schema: type[BaseModel] | None = None,
+                     elsewhere: ShardsElsewhere | None = None) -> Prepared:
     if checkpoint.is_dir():  # a run directory: its newest snapshot
-        newest = newest_snapshot(checkpoint)
+        newest = newest_snapshot(checkpoint, elsewhere=elsewhere)
         if newest is None:
             raise RefusedError(f"--resume {checkpoint}: the run directory holds no snapshot")
         checkpoint, data = newest.path, newest.data
     else:
         data = read_checkpoint(checkpoint)
     check_rank_entries(data, checkpoint)
-    check_shards_here(data, checkpoint)
+    check_shards_here(data, checkpoint, elsewhere)  # a named one is refused, never replaced
     snapshot = Snapshot(checkpoint, data)
     again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
@@ -257,10 +265,12 @@ def in_place_problem(checkpoint: Path, run_id: str | None, step: int, directory:
 
 def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
               chosen: Snapshot | None = None, again: str | None = None,
-              schema: type[BaseModel] | None = None) -> Prepared:
+              schema: type[BaseModel] | None = None,
+              elsewhere: ShardsElsewhere | None = None) -> Prepared:
     """Continue the run in `directory` from its newest snapshot, rolling back what came after
     it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
-    caller already picked (`resume RUN_DIR` reads its recipe from it)."""
+    caller already picked (`resume RUN_DIR` reads its recipe from it) with the shards this
+    node holds; when a shard on another node fails it, the newest complete one is taken."""
     if not directory.is_dir():
         raise RefusedError(f"{directory} is not a run directory (no such directory)")
     lock.acquire()  # first: from here on no other process writes the directory
@@ -274,7 +284,9 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
         raise RefusedError(f"{directory} changed while this command started: its run "
                            f"({describe_holder(holder)}) was still saving, and has ended "
                            "since; nothing was changed: run the command again")
-    snapshot = chosen if chosen is not None else newest_snapshot(directory)
+    snapshot = chosen if chosen is not None else newest_snapshot(directory, elsewhere=elsewhere)
+    if chosen is not None and elsewhere is not None and elsewhere(chosen.path, chosen.data):
+        snapshot = newest_snapshot(directory, elsewhere=elsewhere)  # says why, or refuses
     if snapshot is not None and snapshot.run.get("run_id") != run_json.get("run_id"):
         raise RefusedError(
             f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "

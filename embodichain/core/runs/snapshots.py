@@ -9,6 +9,7 @@ summary and the messages of a stopped run name it (those without verifying diges
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,18 +41,28 @@ class Snapshot:
         return self.data["payload"]["run"]
 
 
-def newest_snapshot(directory: Path, *, verify: bool = True) -> Snapshot | None:
+# What is wrong with the shards of a manifest (path, verified data) that other nodes hold, as
+# their own ranks find them (launch/train asks them): [] when they all verify.
+ShardsElsewhere = Callable[[Path, Mapping[str, Any]], list[str]]
+
+
+def newest_snapshot(directory: Path, *, verify: bool = True,
+                    elsewhere: ShardsElsewhere | None = None) -> Snapshot | None:
     """The newest complete snapshot of a run directory: by step, digest-verified (R-RESUME-8).
 
     last.pt is normally the newest (it is published before the step file of the same
     update); when it is missing or damaged, the newest `step_N.pt` that verifies is used and
     the note says so. A sharded manifest verifies when its shards on this node do (each
-    shard's digest against the manifest's record of it). None when the run never saved a
+    shard's digest against the manifest's record of it) and, with `elsewhere`, those on
+    other nodes too (asked only of a manifest complete here, newest first, so each node
+    reads one shard per candidate until one is complete). None when the run never saved a
     snapshot; RefusedError when it saved some and none verifies. `verify=False` takes a
     file whose manifest reads as complete (no digest check, no torch): the choice `resume`
     makes unless a file is damaged inside.
     """
-    read = _read_verified if verify else _read_manifest
+    def read(path: Path) -> dict[str, Any]:
+        return _read_verified(path, elsewhere) if verify else _read_manifest(path)
+
     problems: list[str] = []
     damaged: list[Path] = []
     best: Snapshot | None = None
@@ -105,15 +116,18 @@ def where_to_continue(directory: Path) -> str:
             else f"no snapshot was saved in {directory} yet")
 
 
-def _read_verified(path: Path) -> dict[str, Any]:
+def _read_verified(path: Path, elsewhere: ShardsElsewhere | None = None) -> dict[str, Any]:
     """The verified checkpoint at `path`; a sharded manifest is complete only when its
-    shards verify too (those this node holds or sees), so that a run whose last.pt names a
-    missing or damaged shard continues from its newest complete step file instead."""
+    shards verify too (those this node holds or sees, then those `elsewhere` reports on),
+    so that a run whose last.pt names a missing or damaged shard continues from its newest
+    complete step file instead."""
     from embodichain.core.checkpoint.file import read_checkpoint  # torch
     from embodichain.core.checkpoint.sharded import shard_problems_here
 
     data = read_checkpoint(path)
     problems = shard_problems_here(data, path)
+    if not problems and elsewhere is not None:
+        problems = elsewhere(path, data)
     if problems:
         raise CheckpointError("; ".join(problems))
     return data

@@ -234,10 +234,16 @@ def _shards_of(run: Path, shard_runs: dict[int, Path], name: str = "last.pt") ->
 def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) -> None:
     """Each node writes its rank's shard into its own copy of the run directory, rank 0's
     node also the manifests; `resume RUN_DIR` on both nodes continues bitwise like one node
-    with 2 workers; a shard missing on node 1 is refused naming the shard and its host.
-    Catches: every shard written (or looked for) on rank 0's node only, node 1 writing
-    manifests or run.json, and a resume that loads without node 1's shard."""
-    from embodichain.core.checkpoint.sharded import SHARDS_DIR
+    with 2 workers, also when last.pt's shard on node 1 alone is bad (another save's file in
+    its place): from step_4.pt, saying so; when no snapshot has node 1's shard, it is refused
+    naming the shard and its host with nothing changed, as `--resume CKPT` is. Catches:
+    every shard written (or looked for) on rank 0's node only, node 1 writing manifests or
+    run.json, a resume that loads without node 1's shard, and rank 0 choosing a snapshot by
+    its own node's shards alone (it takes last.pt: the run is "complete" at update 8 instead
+    of falling back, and with no complete snapshot it is refused only at restore, after
+    run.json was changed or, for `--resume CKPT`, after a fresh directory was claimed)."""
+    from embodichain.core.checkpoint.file import read_checkpoint
+    from embodichain.core.checkpoint.sharded import SHARDS_DIR, shard_table
     from tests.support import run_torchrun
     from tests.support.state_compare import assert_state_equal
 
@@ -259,16 +265,50 @@ def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) 
     assert all(".rank_0." in p.name for p in (run0 / SHARDS_DIR).iterdir())
     assert (run0 / "last.pt").is_file() and (run0 / "step_4.pt").is_file()
 
+    reference = one / RUN
+
+    def assert_like_reference() -> None:
+        assert assert_state_equal(_shards_of(reference, {0: reference, 1: reference}),
+                                  _shards_of(run0, {0: run0, 1: run1})) >= 10
+        assert comparable_records(run0) == comparable_records(reference)
+
     for proc in _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=8"):
         assert_ok(proc)
-    reference = one / RUN
-    assert assert_state_equal(_shards_of(reference, {0: reference, 1: reference}),
-                              _shards_of(run0, {0: run0, 1: run1})) >= 10
-    assert comparable_records(run0) == comparable_records(reference)
+    assert_like_reference()
+
+    # Node 1's shard of last.pt (update 8) replaced by its shard of update 4: a valid file,
+    # of another save. Only rank 1 can see it; step_4.pt is complete on both nodes.
+    def rank_1_shard(name: str) -> Path:
+        return run1 / shard_table(read_checkpoint(run0 / name))[1]["file"]
+
+    shutil.copyfile(rank_1_shard("step_4.pt"), rank_1_shard("last.pt"))
+    results = _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=8")
+    out = "".join(p.stdout + p.stderr for p in results)
+    for proc in results:
+        assert_ok(proc)
+    assert "continuing from step_4.pt (update 4)" in out, out  # not "complete" at last.pt
+    note = next(line for line in out.splitlines() if "continuing from step_4.pt" in line)
+    assert "last.pt is damaged (shard of rank 1" in note and "does not match" in note, note
+    assert f"on {socket.gethostname()}" in note, note
+    assert_like_reference()
 
     for shard in (run1 / SHARDS_DIR).iterdir():
         shard.unlink()
+    def files() -> dict[str, bytes]:  # run.json, metrics, manifests (not the lock's holder)
+        return {p.name: p.read_bytes() for p in run0.iterdir()
+                if p.is_file() and p.name != ".lock"}
+
+    before = files()
     results = _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=12")
     out = "".join(p.stdout + p.stderr for p in results)
     assert all(p.returncode != 0 for p in results), out
     assert "shard of rank 1 is missing" in out and socket.gethostname() in out, out
+    assert files() == before  # refused before run.json's `resumed` event, before any set-aside
+
+    # Named explicitly, the checkpoint is refused before a fresh directory is claimed for it.
+    results = _two_nodes(cwds, "train-sl", "--config", "r.yaml", "--resume", f"{RUN}/step_4.pt",
+                         "--set", "trainer.output_dir=outputs/other")
+    out = "".join(p.stdout + p.stderr for p in results)
+    assert all(p.returncode != 0 for p in results), out
+    assert f"{RUN}/step_4.pt: shard of rank 1 is missing" in out, out
+    assert not (cwds[0] / "outputs" / "other").exists()
