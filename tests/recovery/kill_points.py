@@ -69,14 +69,14 @@ def install(point: dict[str, Any]) -> None:
     elif at == "capture":
         from embodichain.core.training.checkpointing import Checkpointing
 
-        real_capture = Checkpointing.capture
+        real_snapshot = Checkpointing._snapshot  # where a save captures this rank's state
 
-        def capture(self, trainer):
+        def snapshot(self, trainer, *args, **kwargs):
             if trainer.step == point["step"]:
                 _die({"at": at, "step": trainer.step, "rank": rank})
-            return real_capture(self, trainer)
+            return real_snapshot(self, trainer, *args, **kwargs)
 
-        Checkpointing.capture = capture
+        Checkpointing._snapshot = snapshot
     else:
         raise ValueError(f"unknown kill point {point!r}")
 
