@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
+from embodichain.core.errors import DataFormatError, UsageError
+
 
 class MapDataset(Protocol):
     """What `DatasetSource` needs: a length and examples as dicts of tensors."""
@@ -37,12 +39,12 @@ class DatasetSource:
 
     def __init__(self, dataset: MapDataset, identity: str) -> None:
         if not isinstance(identity, str) or not identity:
-            raise ValueError("DatasetSource needs identity=..., a digest of the data's content "
+            raise UsageError("DatasetSource needs identity=..., a digest of the data's content "
                              "(e.g. file_digest(path)), so that a changed dataset refuses a "
                              "resume")
         length = len(dataset)
         if length <= 0:
-            raise ValueError(f"the dataset is empty (len {length})")
+            raise DataFormatError(f"the dataset is empty (len {length})")
         self.dataset = dataset
         self.identity = identity
         self._length = length
