@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
-from embodichain.core.errors import DataFormatError, UsageError
+from embodichain.core.errors import DataFormatError
 
 
 class MapDataset(Protocol):
@@ -39,7 +39,7 @@ class DatasetSource:
 
     def __init__(self, dataset: MapDataset, identity: str) -> None:
         if not isinstance(identity, str) or not identity:
-            raise UsageError("DatasetSource needs identity=..., a digest of the data's content "
+            raise ValueError("DatasetSource needs identity=..., a digest of the data's content "
                              "(e.g. file_digest(path)), so that a changed dataset refuses a "
                              "resume")
         length = len(dataset)
