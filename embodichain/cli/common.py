@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from embodichain.core.errors import EmbodichainError, Stopped, UsageError
+from embodichain.core.errors import EmbodichainError, Stopped, UsageError, refusal_in_chain
 
 SET_HELP = "Override a recipe value, e.g. --set optimizer.lr=0.01 (repeatable)."
 DEBUG_HELP = "Show the full traceback on errors."
@@ -55,15 +55,9 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
     except typer.Exit:
         raise
     except EmbodichainError as exc:
-        rank = env_rank()
         if debug:
             traceback.print_exc()
-        if rank == 0 or not isinstance(exc, UsageError | Stopped):
-            prefix = f"[rank {rank}] " if rank else ""
-            error_console().print(Text.assemble(prefix, ("error: ", "bold red")
-                                                if not isinstance(exc, Stopped) else "",
-                                                str(exc)))
-        record_error(str(exc))
+        _report(exc, str(exc))
         raise typer.Exit(exc.exit_code) from None
     except BrokenPipeError:  # e.g. `embodichain runs --json | head`: the reader is gone
         quiet_stdout()
@@ -76,6 +70,12 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         record_error(message)
         raise typer.Exit(130) from None
     except Exception as exc:
+        refusal = refusal_in_chain(exc)
+        if refusal is not None:  # ours, re-raised wrapped by a factory: still a refusal
+            if debug:
+                traceback.print_exc()
+            _report(refusal, wrapped_message(exc, refusal))
+            raise typer.Exit(refusal.exit_code) from None
         rank = env_rank()
         prefix = f"[rank {rank}] " if rank else ""
         if debug:
@@ -86,6 +86,25 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         print(f"{prefix}error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
         record_error(f"{type(exc).__name__}: {exc}")
         raise typer.Exit(1) from None
+
+
+def _report(exc: EmbodichainError, message: str) -> None:
+    """Print `message` for our error `exc` (a refusal or stop by rank 0 only: every rank
+    reaches the same verdict) and leave it in torchrun's error file."""
+    rank = env_rank()
+    if rank == 0 or not isinstance(exc, UsageError | Stopped):
+        prefix = f"[rank {rank}] " if rank else ""
+        error_console().print(Text.assemble(prefix, ("error: ", "bold red")
+                                            if not isinstance(exc, Stopped) else "", message))
+    record_error(message)
+
+
+def wrapped_message(outer: BaseException, refusal: UsageError) -> str:
+    """The refusal's own message, after the wrapper's words where they add any."""
+    said, inner = str(outer).strip(), str(refusal)
+    if not said or inner in said:
+        return said or inner
+    return f"{said}: {inner}"
 
 
 # The exit code when stdout's reader went away (`runs --json | head -1`): 0, silently. Output

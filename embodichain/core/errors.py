@@ -34,6 +34,13 @@ class ConfigError(UsageError):
         super().__init__(text)
 
 
+class DataFormatError(UsageError):
+    """Training data that cannot be used as it is on disk, found when it is opened (at
+    start-up, in the factory): a missing or malformed file, a table that disagrees with its
+    metadata, a video shorter than its table (exit 2: the same data is refused again, so a
+    restart is no use). Readers derive their format errors from it."""
+
+
 class RefusedError(UsageError):
     """A command refused before doing anything (used output dir, incompatible resume...)."""
 
@@ -93,6 +100,22 @@ def refused_by_determinism(exc: BaseException, update: int) -> TrainingError | N
         "trainer.deterministic: false to train with it (`--set trainer.deterministic=false`, "
         "allowed on resume too; results then repeat only to float rounding), or replace the "
         "operation in the model.")
+
+
+def refusal_in_chain(exc: BaseException) -> UsageError | None:
+    """The refusal (UsageError) behind `exc`, an exception of another type: a factory that
+    re-raises our error (or a reader's DataFormatError) wrapped in its own, `from exc` or
+    not, still refuses with exit 2. Follows `__cause__`, then `__context__`, also where the
+    context was suppressed (`from None` hides it from the traceback, not from the verdict).
+    None when `exc` is ours itself (its own exit code stands) or no refusal caused it."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, EmbodichainError):
+            return link if link is not exc and isinstance(link, UsageError) else None
+        link = link.__cause__ if link.__cause__ is not None else link.__context__
+    return None
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from embodichain.core.data.digests import file_digest
+from embodichain.core.errors import DataFormatError
 
 __all__ = ["DatasetSource", "MapDataset", "file_digest"]
 
@@ -42,7 +43,7 @@ class DatasetSource:
                              "resume")
         length = len(dataset)
         if length <= 0:
-            raise ValueError(f"the dataset is empty (len {length})")
+            raise DataFormatError(f"the dataset is empty (len {length})")
         self.dataset = dataset
         self.identity = identity
         self._length = length

@@ -28,6 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from embodichain.core.errors import UsageError
+
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
@@ -88,18 +90,20 @@ def shard_model(model: nn.Module, device: torch.device, *,
 
 
 def _checked_blocks(model: nn.Module, blocks: Sequence[nn.Module]) -> list[nn.Module]:
+    """`blocks` as a list, or a UsageError (exit 2: the factory's `shard_blocks` is bad input,
+    refused again on any restart) naming the offending entry."""
     owned = {id(m) for m in model.modules()}
     for i, block in enumerate(blocks):
         if not isinstance(block, nn.Module) or id(block) not in owned or block is model:
-            raise ValueError(f"shard_blocks[{i}] is not a sub-module of the model")
+            raise UsageError(f"shard_blocks[{i}] is not a sub-module of the model")
     ids = [id(b) for b in blocks]
     if len(set(ids)) != len(ids):
-        raise ValueError("shard_blocks names a module twice")
+        raise UsageError("shard_blocks names a module twice")
     for i, outer in enumerate(blocks):
         inner = {id(m) for m in outer.modules()} - {id(outer)}
         for j, other in enumerate(blocks):
             if id(other) in inner:
-                raise ValueError(f"shard_blocks[{j}] lies inside shard_blocks[{i}]; name "
+                raise UsageError(f"shard_blocks[{j}] lies inside shard_blocks[{i}]; name "
                                  "blocks that do not contain each other")
     return list(blocks)
 

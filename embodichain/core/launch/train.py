@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import random
+import signal
 import socket
 import sys
 import time
@@ -31,6 +32,7 @@ from embodichain.core.errors import (
     Stopped,
     TrainingError,
     UsageError,
+    refusal_in_chain,
     refused_by_determinism,
 )
 from embodichain.core.observe.loggers import LoggingMetricsWriter, check_loggers
@@ -95,12 +97,28 @@ def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None =
     snapshot, the summary printed, and the trainer closed at the end.
     """
     _seed_everything(recipe.config.seed)
-    trainer = recipe.factory(recipe.config, device)
+    try:
+        trainer = recipe.factory(recipe.config, device)
+    except Exception as exc:
+        if isinstance(exc, UsageError) or refusal_in_chain(exc) is not None:
+            _refused_by_the_factory()
+        raise
     if not isinstance(trainer, SupervisedTrainer):
         raise UsageError(f"factory {recipe.config.factory} returned {type(trainer).__name__}, "
                          "not a SupervisedTrainer")
     trainer.run_opener = RunOpener(recipe, start or Start(), device)
     return trainer
+
+
+def _refused_by_the_factory() -> None:
+    """Every rank's factory refuses the same data (or recipe), each on its own: let each end
+    with exit 2. torchrun stops the other workers with SIGTERM once the first has exited;
+    one still in its factory only records it (StopRequest) and refuses in turn, and from
+    here on this rank ignores it, so that its own code, not -15, is what torchrun reports
+    (and a self-launch sees a refusal on every worker: not retried, R-PROC-3)."""
+    if process_group.is_distributed():
+        with contextlib.suppress(ValueError):  # not the main thread: cannot change it
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @dataclass

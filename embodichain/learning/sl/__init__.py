@@ -32,7 +32,13 @@ if TYPE_CHECKING:
     from embodichain.core.data.samplers import EpochSampler, ReplacementSampler
     from embodichain.core.data.source import Source, TensorSource, tensor_digest
     from embodichain.core.distributed.process_group import distributed_run
-    from embodichain.core.errors import ConfigError, Stopped, TrainingError, UsageError
+    from embodichain.core.errors import (
+        ConfigError,
+        DataFormatError,
+        Stopped,
+        TrainingError,
+        UsageError,
+    )
     from embodichain.core.launch.api import build_trainer, load_recipe, train
     from embodichain.core.recipe.loading import Recipe
     from embodichain.core.recipe.schema import (
@@ -55,7 +61,8 @@ _HOMES = {
     "embodichain.core.data.dataset_source": ("DatasetSource", "file_digest"),
     "embodichain.core.data.samplers": ("EpochSampler", "ReplacementSampler"),
     "embodichain.core.distributed.process_group": ("distributed_run",),
-    "embodichain.core.errors": ("ConfigError", "Stopped", "TrainingError", "UsageError"),
+    "embodichain.core.errors": ("ConfigError", "DataFormatError", "Stopped", "TrainingError",
+                                "UsageError"),
     "embodichain.core.launch.api": ("build_trainer", "load_recipe", "train"),
     "embodichain.core.recipe.loading": ("Recipe",),
     "embodichain.core.training.learner": ("Learner", "UpdateResult"),
@@ -67,6 +74,7 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "ConfigError",
+    "DataFormatError",
     "DatasetSource",
     "EpochSampler",
     "Evaluate",

@@ -6,11 +6,14 @@ and video frames float `[C, H, W]` in [0, 1]), `timestamp`, `frame_index`,
 `episode_index`, `index`, `task_index`. `delta_timestamps={key: [seconds, ...]}` stacks a
 window of that feature around the frame (`[len(deltas), ...]`), with `<key>_is_pad` marking
 the offsets beyond either end of the episode (there the edge frame is repeated, as in
-lerobot). Video frames are taken by timestamp, within `tolerance_s`.
+lerobot). Video frames are taken by timestamp, within `tolerance_s`. `features=[key, ...]`
+keeps only those features: the others (a camera the model does not use) are neither read,
+decoded nor checked.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,7 +23,12 @@ import torch
 from embodichain_models.data.lerobot.errors import LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import BOOKKEEPING, Episode, read_meta
 from embodichain_models.data.lerobot.tables import read_tables
-from embodichain_models.data.lerobot.video import VideoFrames, decode_png, video_length_s
+from embodichain_models.data.lerobot.video import (
+    VideoFrames,
+    decode_png,
+    first_frame_missing,
+    video_length_s,
+)
 
 NORMALIZATIONS = ("mean_std", "min_max")
 _EPS = 1e-8
@@ -34,14 +42,18 @@ class LeRobotFrames:
       pads included) with `meta/stats.json`: `(x - mean) / std`, or to [-1, 1] by min/max.
     - `task_text=True` adds `task` (the text) to each example: useful outside the trainer,
       which moves tensors only.
-    - `check_videos`: compare each video's length with its table at start-up (refuses a
-      video shorter than its table).
+    - `features`: the features an example holds (default all of `meta/info.json`'s);
+      the others are not read from the tables, and their videos neither checked nor
+      decoded. Keys of `delta_timestamps` and `normalize` must be among them.
+    - `check_videos`: check at start-up that each selected video holds the frames its
+      table needs (refuses a video shorter than its table, e.g. cut short).
     """
 
     def __init__(self, root: str | Path, *, delta_timestamps: Mapping[str, Sequence[float]]
                  | None = None, episodes: Sequence[int] | None = None,
                  tolerance_s: float = 1e-4, normalize: Mapping[str, str] | None = None,
-                 task_text: bool = False, check_videos: bool = True) -> None:
+                 task_text: bool = False, check_videos: bool = True,
+                 features: Sequence[str] | None = None) -> None:
         self.meta = meta = read_meta(root)
         self.root, self.fps, self.tolerance_s = meta.root, meta.fps, tolerance_s
         self.task_text = task_text
@@ -58,12 +70,14 @@ class LeRobotFrames:
         if not chosen:
             raise LeRobotFormatError(f"{self.root}: no episodes selected")
         self.episodes: list[Episode] = chosen
-        self.features = meta.features
+        self.keys = self._check_features(features)
+        self.features = {k: v for k, v in meta.features.items()
+                         if k in self.keys or k not in meta.tensor_keys}
         self.delta_indices = self._check_deltas(dict(delta_timestamps or {}))
         self.delta_timestamps = {k: [float(d) for d in v]
                                  for k, v in (delta_timestamps or {}).items()}
         self.normalize = self._check_normalize(dict(normalize or {}))
-        self.tables = read_tables(meta, chosen)
+        self.tables = read_tables(meta, chosen, self.keys)
         lengths = np.array([e.length for e in chosen])
         self._ends = np.cumsum(lengths)
         self._starts = self._ends - lengths
@@ -74,13 +88,30 @@ class LeRobotFrames:
 
     # --- checks at start-up (LeRobotFormatError, i.e. exit 2 from a factory) ---
 
+    def _check_features(self, features: Sequence[str] | None) -> list[str]:
+        """The selected tensor features, in the dataset's order (all by default)."""
+        known = self.meta.tensor_keys
+        if features is None:
+            return list(known)
+        if isinstance(features, str):
+            features = [features]
+        unknown = [k for k in features if k not in known and k not in BOOKKEEPING]
+        if unknown:
+            raise LeRobotFormatError(
+                f"features names {unknown[0]!r}, which the dataset at {self.root} does not "
+                f"have (its features: {', '.join(known)})")
+        return [k for k in known if k in features]
+
     def _check_deltas(self, deltas: dict[str, Sequence[float]]) -> dict[str, np.ndarray]:
         indices = {}
         for key, offsets in deltas.items():
-            if key not in self.meta.tensor_keys:
+            if key not in self.keys:
+                left_out = key in self.meta.tensor_keys
                 raise LeRobotFormatError(
-                    f"delta_timestamps names {key!r}, which the dataset at {self.root} does "
-                    f"not have (its features: {', '.join(self.features)})")
+                    f"delta_timestamps names {key!r}, which "
+                    + ("features= leaves out" if left_out else
+                       f"the dataset at {self.root} does not have")
+                    + f" (its features: {', '.join(self.keys)})")
             if not offsets:
                 raise LeRobotFormatError(f"delta_timestamps[{key!r}] is empty")
             steps = []
@@ -101,9 +132,12 @@ class LeRobotFrames:
             if mode not in NORMALIZATIONS:
                 raise LeRobotFormatError(f"normalize[{key!r}]: {mode!r} is not one of "
                                          f"{', '.join(NORMALIZATIONS)}")
+            if key in self.meta.tensor_keys and key not in self.keys:
+                raise LeRobotFormatError(f"normalize names {key!r}, which features= leaves "
+                                         f"out (its features: {', '.join(self.keys)})")
             stats = self.meta.stats.get(key)
             needs = ("mean", "std") if mode == "mean_std" else ("min", "max")
-            if key not in self.features or not stats or not all(n in stats for n in needs):
+            if key not in self.keys or not stats or not all(n in stats for n in needs):
                 raise LeRobotFormatError(
                     f"normalize[{key!r}]: the dataset at {self.root} has no "
                     f"{'/'.join(needs)} statistics of {key!r} in meta/stats.json")
@@ -115,22 +149,35 @@ class LeRobotFrames:
         return out
 
     def _check_videos(self) -> None:
-        needed: dict[str, tuple[float, int, int]] = {}  # file -> (end s, episode, rows)
-        for episode in self.episodes:
-            for name, start in episode.videos.values():
-                end = start + episode.length / self.fps
-                if end > needed.get(name, (-1.0,))[0]:
-                    needed[name] = (end, episode.index, episode.length)
-        for name, (end, episode, rows) in needed.items():
+        """Refuse a selected video that lacks frames its table needs: shorter by its header,
+        or cut short (the header intact, the last frames' bytes gone), naming the file and
+        the first episode it fails."""
+        needs: dict[str, list[tuple[float, int]]] = defaultdict(list)  # file -> [(t, episode)]
+        stamps = self.tables.columns["timestamp"]
+        for slot, episode in enumerate(self.episodes):
+            last = float(stamps[int(self._ends[slot]) - 1])  # its last frame's time
+            for key, (name, start) in episode.videos.items():
+                if key in self.keys:
+                    needs[name].append((start + last, episode.index))
+        rows = {e.index: e.length for e in self.episodes}
+        for name, wanted in needs.items():
+            wanted.sort()
             path = self.root / name
+            last, episode = wanted[-1]
             if not path.is_file():
-                raise LeRobotFormatError(f"{path} is missing (episode {episode}'s video)")
-            seconds, frames = video_length_s(path)
-            if seconds + self.tolerance_s < end - 0.5 / self.fps:
+                raise LeRobotFormatError(f"{path} is missing (episode {wanted[0][1]}'s video)")
+            seconds, frames = video_length_s(path, episode)
+            if seconds + self.tolerance_s < last + 0.5 / self.fps:
                 raise LeRobotFormatError(
                     f"{path} is shorter than its table: it holds {frames} frames "
-                    f"({seconds:.3f} s), but episode {episode} ({rows} rows) needs frames up "
-                    f"to {end:.3f} s")
+                    f"({seconds:.3f} s), but episode {episode} ({rows[episode]} rows) needs "
+                    f"frames up to {last + 1 / self.fps:.3f} s")
+            cut = first_frame_missing(path, wanted, self.tolerance_s)
+            if cut is not None:
+                raise LeRobotFormatError(
+                    f"{path} is cut short: episode {cut[1]}'s last frame (t={cut[0]:.3f} s) "
+                    f"is not in the file, though its header lists {frames} frames (a copy or "
+                    "download that stopped early?)")
 
     # --- examples ---
 
@@ -159,7 +206,7 @@ class LeRobotFrames:
             rows_of[key] = first_row + np.clip(wanted, 0, episode.length - 1)
             example[f"{key}_is_pad"] = torch.from_numpy((wanted < 0) | (wanted >= episode.length))
         row = first_row + offset
-        for key in self.meta.tensor_keys:
+        for key in self.keys:
             rows = rows_of.get(key)
             picked = np.array([row]) if rows is None else rows
             if key in self.meta.video_keys:

@@ -111,6 +111,19 @@ def read_parquet(path: Path, columns: list[str] | None = None):
         raise LeRobotFormatError(f"{path}: not a readable parquet file ({exc})") from None
 
 
+def parquet_columns(path: Path) -> list[str]:
+    """The column names of a parquet file, from its footer (no rows read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise LeRobotFormatError(f"{path} is missing")
+    try:
+        return list(pq.read_schema(path, memory_map=True).names)
+    except (pa.ArrowException, OSError) as exc:
+        raise LeRobotFormatError(f"{path}: not a readable parquet file ({exc})") from None
+
+
 def read_info(root: Path) -> dict[str, Any]:
     path = root / INFO
     if not path.is_file():

@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 
 from embodichain_models.data.lerobot.errors import LeRobotFormatError
-from embodichain_models.data.lerobot.metadata import Episode, LeRobotMeta, read_parquet
+from embodichain_models.data.lerobot.metadata import (
+    Episode,
+    LeRobotMeta,
+    parquet_columns,
+    read_parquet,
+)
 
 
 @dataclass
@@ -59,25 +64,30 @@ def _image_bytes(column: Any, path: Path, key: str) -> Any:
     return column
 
 
-def read_tables(meta: LeRobotMeta, episodes: list[Episode]) -> Tables:
-    """The rows of `episodes` (in that order) from their parquet files, each file read once."""
+def read_tables(meta: LeRobotMeta, episodes: list[Episode], keys: list[str] | None = None
+                ) -> Tables:
+    """The rows of `episodes` (in that order) from their parquet files, each file read once;
+    of the features, only those in `keys` (default all), so an unselected camera's image
+    bytes are never read."""
     import pyarrow as pa
 
     by_file: dict[str, list[Episode]] = defaultdict(list)
     for episode in episodes:
         by_file[episode.data_file].append(episode)
-    wanted = list(dict.fromkeys([*meta.column_keys, "timestamp", "frame_index",
+    selected = meta.column_keys if keys is None else [k for k in meta.column_keys if k in keys]
+    wanted = list(dict.fromkeys([*selected, "timestamp", "frame_index",
                                  "episode_index", "index", "task_index"]))
     pieces: dict[str, dict[int, Any]] = {k: {} for k in wanted}
     files = []
     for name, members in by_file.items():
         path = meta.root / name
         files.append(path)
-        table = read_parquet(path)
-        missing = [k for k in wanted if k not in table.column_names]
+        present = set(parquet_columns(path))  # the footer: the rows are read below
+        missing = [k for k in wanted if k not in present]
         if missing:
             raise LeRobotFormatError(f"{path}: no column {missing[0]!r} (meta/info.json lists "
                                      "it as a feature)")
+        table = read_parquet(path, wanted)
         episode_of_row = _as_numpy(table.column("episode_index"), path, "episode_index")
         for episode in members:
             rows = np.flatnonzero(episode_of_row == episode.index)

@@ -22,8 +22,9 @@ VIDEO_CODEC = "libx264"  # in PyAV's wheels (its own FFmpeg); decoded by FFmpeg'
 _OPEN_LIMIT = 16  # containers kept open per process
 
 
-def video_length_s(path: Path) -> tuple[float, int]:
-    """The video's length in seconds (frames / frame rate) and its frame count."""
+def video_length_s(path: Path, episode: int | None = None) -> tuple[float, int]:
+    """The video's length in seconds (frames / frame rate) and its frame count, as its
+    header says (a file cut short keeps its header: see `first_frame_missing`)."""
     import av
 
     try:
@@ -35,7 +36,55 @@ def video_length_s(path: Path) -> tuple[float, int]:
                 frames = sum(1 for _ in container.demux(stream) if _.size)
             return float(frames / rate), frames
     except (av.error.FFmpegError, IndexError) as exc:
-        raise LeRobotFormatError(f"{path}: not a readable video ({exc})") from None
+        raise LeRobotFormatError(f"{path}: not a readable video{_of(episode)} ({exc})"
+                                 ) from None
+
+
+def first_frame_missing(path: Path, needs: list[tuple[float, int]], tolerance_s: float
+                        ) -> tuple[float, int] | None:
+    """Of `needs` (the time of an episode's last frame in the file, that episode), sorted by
+    time, the first whose frame's packet is not wholly within the file, or None.
+
+    A file cut short (a copy or download that stopped early) keeps its header, frame count
+    included, when the header comes first (mp4 `faststart`): only reading shows what is
+    there. Packets are read, never decoded: from the keyframe before the latest frame to
+    that frame (a GOP) when all is there; else the same for each episode, in order, until
+    one is missing.
+    """
+    import av
+
+    size = path.stat().st_size
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+
+            def present(t: float) -> bool:
+                """Whether the file reaches time `t`: a packet shown at `t` or later lies
+                wholly within it, and so does every packet decoded before `t` is shown."""
+                container.seek(max(0, round(t / stream.time_base) - 1), backward=True,
+                               any_frame=False, stream=stream)
+                reached = False
+                for packet in container.demux(stream):
+                    if packet.size == 0 or packet.pts is None:
+                        continue  # the demuxer's flush packet at the end of what is there
+                    if packet.pos is not None and packet.pos + packet.size > size:
+                        return False
+                    reached = reached or packet.pts * stream.time_base >= t - tolerance_s
+                    dts = packet.dts if packet.dts is not None else packet.pts
+                    if reached and dts * stream.time_base > t + tolerance_s:
+                        break  # decode order: nothing later is shown at or before `t`
+                return reached
+
+            if not needs or present(needs[-1][0]):
+                return None
+            return next((need for need in needs if not present(need[0])), needs[-1])
+    except (av.error.FFmpegError, IndexError) as exc:
+        raise LeRobotFormatError(f"{path}: not a readable video{_of(needs[0][1])} ({exc})"
+                                 ) from None
+
+
+def _of(episode: int | None) -> str:
+    return "" if episode is None else f" (episode {episode}'s video)"
 
 
 class VideoFrames:

@@ -22,13 +22,17 @@ from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.rollout import ClosedLoop
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
 
+USED_FEATURES = (IMAGE_KEY, "observation.state", "action")
+
 
 def dataset_options(config: BcConfig, fps: int) -> dict:
     data = config.data
     return {"delta_timestamps": {IMAGE_KEY: [(i - data.frames + 1) / fps
                                              for i in range(data.frames)],
                                  "action": [i / fps for i in range(data.chunk)]},
-            "normalize": {"action": "mean_std"}, "tolerance_s": data.tolerance_s}
+            "normalize": {"action": "mean_std"}, "tolerance_s": data.tolerance_s,
+            # What the policy reads: other cameras of a dataset are neither read nor checked.
+            "features": list(USED_FEATURES)}
 
 
 def build_supervised_trainer(config: BcConfig, device: torch.device) -> SupervisedTrainer:

@@ -1,0 +1,70 @@
+"""Tiny LeRobot datasets for the tests, written with the reader's own writer, and the ways
+the tests damage them (a video cut short, undecodable images)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from embodichain_models.data.lerobot.writer import EpisodeData, feature, write_dataset
+
+WRIST = "observation.images.wrist"  # an image camera (PNG in the rows) the policy ignores
+SIDE = "observation.images.side"  # a video camera the policy ignores
+
+
+def header_first(path: Path) -> None:
+    """Rewrite an mp4 with its header (moov) before the frames, as `-movflags faststart`
+    writes it: cut short, such a file still opens and still lists every frame."""
+    import av
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with av.open(str(path)) as source, \
+            av.open(str(tmp), "w", format="mp4", options={"movflags": "faststart"}) as out:
+        stream = out.add_stream_from_template(source.streams.video[0])
+        for packet in source.demux(source.streams.video[0]):
+            if packet.dts is not None:
+                packet.stream = stream
+                out.mux(packet)
+    os.replace(tmp, path)
+
+
+def cut_tail(path: Path, keep: float = 0.6) -> None:
+    """Keep the first `keep` of the file's bytes (a copy that stopped early)."""
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+
+
+def spoil_images(path: Path, key: str) -> None:
+    """Replace every image of `key` in a parquet file by bytes that decode as nothing."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    column = table.column(key).combine_chunks()
+    junk = pa.array([b"not a png"] * len(column), pa.binary())
+    spoiled = pa.StructArray.from_arrays([junk, column.field("path")], names=["bytes", "path"])
+    pq.write_table(table.set_column(table.column_names.index(key), key, spoiled), path)
+
+
+def cartpole_with_unused_cameras(root: Path, episodes: int = 3, size: int = 32) -> Path:
+    """The cart-pole recipe's demonstrations with two more cameras it never uses: WRIST
+    (PNG in the rows, every image undecodable) and SIDE (a video cut to 60% of its bytes,
+    header first, so its header still lists every frame)."""
+    from embodichain_models.policies.cartpole_bc.prepare import FPS, demonstrations, features
+
+    rng = np.random.default_rng(0)
+    recorded = []
+    for episode in demonstrations(episodes, seed=0, size=size):
+        n = episode.length
+        recorded.append(EpisodeData(episode.task, {
+            **episode.values, WRIST: rng.integers(0, 256, (n, 4, 4, 3), dtype=np.uint8),
+            SIDE: rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)}))
+    spec = {**features(size), WRIST: feature("image", (4, 4, 3)),
+            SIDE: feature("video", (8, 8, 3))}
+    write_dataset(root, recorded, spec, FPS, episodes_per_file=25, robot_type="cartpole")
+    spoil_images(root / "data/chunk-000/file-000.parquet", WRIST)
+    side = root / f"videos/{SIDE}/chunk-000/file-000.mp4"
+    header_first(side)
+    cut_tail(side)
+    return root
