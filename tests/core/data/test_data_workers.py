@@ -6,8 +6,6 @@ another worker count (R-DATA-1..3). The dataset augments with torch, `random` an
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -12,11 +12,10 @@ import torch
 
 from embodichain.core.data.dataset_source import DatasetSource, file_digest
 from embodichain.core.data.loader import BatchLoader, example_seed
-from tests.factories.augmenting import AugmentingDataset
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.data.source import TensorSource
 from embodichain.core.errors import DataFailure
-
+from tests.factories.augmenting import AugmentingDataset
 
 CPU = torch.device("cpu")
 
