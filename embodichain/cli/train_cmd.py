@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,20 @@ def train_sl(
         "fresh when output_dir holds no run, else continue it (for --max-restarts and "
         "requeued jobs).")] = None,
     overrides: SetOpt = None,
+    init_from: Annotated[Path | None, typer.Option(
+        "--init-from", metavar="CKPT", autocompletion=completion.any_path,
+        help="Start a new run (its own identity, optimizer and schedule) from the model "
+        "weights of a checkpoint (sharded or not) or of a state_dict written by `embodichain "
+        "export`, matched by name. Not with --resume.")] = None,
+    init_from_ema: Annotated[bool, typer.Option(
+        "--init-from-ema", help="With --init-from: the checkpoint's EMA weights instead.")
+    ] = False,
+    init_allow_missing: Annotated[bool, typer.Option(
+        "--init-allow-missing", help="With --init-from: model tensors the file lacks keep "
+        "their own initialisation (e.g. a new head).")] = False,
+    init_allow_unexpected: Annotated[bool, typer.Option(
+        "--init-allow-unexpected", help="With --init-from: tensors of the file the model "
+        "lacks are dropped.")] = False,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the resolved recipe and exit.")] = False,
     nproc_per_node: NprocOpt = None,
@@ -53,11 +68,12 @@ def train_sl(
     debug: DebugOpt = False,
 ) -> None:
     """Train a recipe: one process, or every worker under torchrun."""
-    with reported_errors(debug):
+    with reported_errors(debug), _suggestions_keep(overrides):
         from embodichain.core.errors import UsageError
         from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import worker_command
-
+        init = _init_from(init_from, init_from_ema, init_allow_missing, init_allow_unexpected,
+                          resume)
         # The public API's path (R-API-1): what this machine cannot serve is refused before
         # any worker starts (exit 2); warnings are shown once.
         recipe = api.load_recipe(config, overrides or [],
@@ -70,9 +86,34 @@ def train_sl(
             return
         _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
             "train-sl", [("--config", config), ("--resume", resume), ("--set", overrides or []),
+                         ("--init-from", init_from), ("--init-from-ema", init_from_ema),
+                         ("--init-allow-missing", init_allow_missing),
+                         ("--init-allow-unexpected", init_allow_unexpected),
                          ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
-        api.train(recipe, resume=resume, show_progress=not no_progress)
+        api.train(recipe, resume=resume, show_progress=not no_progress, init_from=init)
+
+
+def _init_from(path: Path | None, ema: bool, allow_missing: bool, allow_unexpected: bool,
+               resume: str | None) -> object:
+    """The `InitFrom` the --init-* options ask for (None without --init-from); refuses
+    (exit 2) --init-from with --resume, and --init-* options without --init-from."""
+    from embodichain.core.errors import UsageError
+
+    if path is None:
+        given = [name for name, on in (("--init-from-ema", ema),
+                                       ("--init-allow-missing", allow_missing),
+                                       ("--init-allow-unexpected", allow_unexpected)) if on]
+        if given:
+            raise UsageError(f"{', '.join(given)} needs --init-from CKPT")
+        return None
+    if resume is not None:
+        raise UsageError(f"--init-from {path} and --resume {resume} exclude each other: "
+                         "--resume continues a run exactly, --init-from starts a new one "
+                         "from its weights; give only one")
+    from embodichain.core.checkpoint.initial_weights import InitFrom
+
+    return InitFrom(path, ema, allow_missing, allow_unexpected)
 
 
 def local_ranks(nproc_per_node: int | None) -> int:
@@ -116,7 +157,7 @@ def resume_run(
     Metrics recorded after that snapshot are moved to a side file (a recorded roll-back), so
     the continued history is exactly the uninterrupted one. A finished run is left as it is.
     """
-    with reported_errors(debug):
+    with reported_errors(debug), _suggestions_keep(overrides):
         from embodichain.core.distributed import process_group
         from embodichain.core.launch import api
         from embodichain.core.launch.self_launch import should_launch, worker_command
@@ -153,6 +194,15 @@ def resume_run(
         print_warnings(recipe.warnings)
         train(recipe, start=Start("in_place", snapshot=found.snapshot if found else None),
               show_progress=not no_progress)
+
+
+@contextlib.contextmanager
+def _suggestions_keep(overrides: list[str] | None) -> Iterator[None]:
+    """Every command a message of this one suggests keeps the user's `--set` options."""
+    from embodichain.core.runs.commands import keep_user_overrides
+
+    with keep_user_overrides(overrides or []):
+        yield
 
 
 def print_recipe(resolved: dict) -> None:

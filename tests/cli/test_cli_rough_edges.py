@@ -94,7 +94,9 @@ def test_hints_and_the_world_size_refusal_name_the_launch_that_fits(tmp_path: Pa
     two = run_cli("resume", str(run1), "--set", "trainer.max_updates=4", "--nproc-per-node",
                   "2", "--no-progress")
     assert two.returncode == 2, two.stderr
-    assert f"launch with embodichain resume {run1})" in two.stderr, two.stderr
+    # ... keeping the user's --set (a pasted command must make the same change)
+    assert f"launch with embodichain resume {run1} --set trainer.max_updates=4;" \
+        in two.stderr, two.stderr
 
 
 def test_an_empty_output_dir_is_refused(tmp_path: Path) -> None:

@@ -17,13 +17,16 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from embodichain.core.recipe.loading import Recipe, validate_recipe
 from embodichain.core.recipe.loading import load_recipe as load_recipe_file
 from embodichain.core.recipe.machine_limits import refuse_or_warn
 from embodichain.core.runs.commands import SELF_LAUNCHED
 from embodichain.core.runs.resume_policy import Start
+
+if TYPE_CHECKING:  # torch is imported only when training starts
+    from embodichain.core.checkpoint.initial_weights import InitFrom
 
 Resume = str | Path | None
 """None: a fresh run; "auto": fresh when output_dir holds no run, else continue it; a
@@ -65,22 +68,26 @@ def start_of(resume: Resume) -> Start:
     return Start("checkpoint", Path(resume))
 
 
-def train(recipe: Recipe, *, resume: Resume = None, show_progress: bool = True
-          ) -> dict[str, float]:
+def train(recipe: Recipe, *, resume: Resume = None, show_progress: bool = True,
+          init_from: InitFrom | None = None) -> dict[str, float]:
     """Build the recipe's trainer on every rank and fit it, as `train-sl` does; returns the
     final metrics (`{}` when the run was already complete). Raises `Stopped` after the
     snapshot of a stop signal (its `exit_code` is 130 / 143), UsageError for a refusal
-    (exit 2) and TrainingError for a failure (exit 1)."""
+    (exit 2) and TrainingError for a failure (exit 1). `init_from` (as `train-sl
+    --init-from`): a new run whose model starts from those weights; not with `resume`."""
     from embodichain.core.launch.train import train as train_run
 
-    return train_run(recipe, start=start_of(resume), show_progress=show_progress)
+    return train_run(recipe, start=start_of(resume), show_progress=show_progress,
+                     init_from=init_from)
 
 
-def build_trainer(recipe: Recipe, device: Any, *, resume: Resume = None) -> Any:
+def build_trainer(recipe: Recipe, device: Any, *, resume: Resume = None,
+                  init_from: InitFrom | None = None) -> Any:
     """The recipe's trainer, built by its factory on this rank (inside `distributed_run`,
     on every rank), with the model initialised from `seed` as train-sl initialises it.
     Its `fit()` runs as train-sl's: the run directory fresh or continued by `resume`, the
-    lock, signals and summary; the trainer is closed when it returns."""
+    lock, signals and summary; the trainer is closed when it returns. `init_from`: as
+    for `train`."""
     from embodichain.core.launch.train import build_trainer as build
 
-    return build(recipe, device, start=start_of(resume))
+    return build(recipe, device, start=start_of(resume), init_from=init_from)

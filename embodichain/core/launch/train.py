@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 import embodichain
+from embodichain.core.checkpoint import initial_weights
+from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.checkpoint.sharded import check_shard, shards_elsewhere
 from embodichain.core.data.samplers import stream_seed
 from embodichain.core.distributed import determinism, process_group
@@ -69,8 +71,8 @@ class StartOutcome:
     origin: dict[str, Any] = field(default_factory=dict)  # rank 0's process, on a refusal
 
 
-def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = True
-          ) -> dict[str, float]:
+def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = True,
+          init_from: InitFrom | None = None) -> dict[str, float]:
     """Build the recipe's trainer on every rank, prepare the run directory and fit.
 
     `start` says how the run begins (fresh by default; see resume_policy.Start). This is
@@ -83,22 +85,30 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     # First: cuBLAS and NCCL read their variables once, when CUDA work or the group starts.
     determinism.apply(recipe.config.trainer.deterministic)
     with StopRequest() as stop, process_group.distributed_run(recipe.config.device) as device:
-        trainer = build_trainer(recipe, device, start=start)
+        trainer = build_trainer(recipe, device, start=start, init_from=init_from)
         return trainer.fit(show_progress=show_progress, stop=stop)
 
 
-def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None = None
-                  ) -> SupervisedTrainer:
+def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None = None,
+                  init_from: InitFrom | None = None) -> SupervisedTrainer:
     """The recipe's trainer from its factory, with the model initialised from the seed
     (on every rank alike); inside `distributed_run`, on every rank.
 
     Its `fit()` then runs as `train-sl` does (R-API-1): the run directory claimed, locked
     and resumed by `start`'s rules (fresh by default), stop signals honoured with a
-    snapshot, the summary printed, and the trainer closed at the end.
+    snapshot, the summary printed, and the trainer closed at the end. `init_from`: a new
+    run whose model starts from those weights (rank 0 reads them, every rank loads them
+    into the factory's model before its strategy spreads it); never with a resume.
     """
+    start = start or Start()
+    if init_from is not None and start.kind != "fresh":
+        raise UsageError("--init-from starts a new run from a checkpoint's weights and "
+                         f"--resume continues one ({start.kind}); give only one of them")
+    weights = initial_weights.agree(init_from) if init_from is not None else None
     _seed_everything(recipe.config.seed)
     try:
-        trainer = recipe.factory(recipe.config, device)
+        with initial_weights.pending(weights):
+            trainer = recipe.factory(recipe.config, device)
     except Exception as exc:
         if isinstance(exc, UsageError) or refusal_in_chain(exc) is not None:
             _refused_by_the_factory()
@@ -106,7 +116,8 @@ def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None =
     if not isinstance(trainer, SupervisedTrainer):
         raise UsageError(f"factory {recipe.config.factory} returned {type(trainer).__name__}, "
                          "not a SupervisedTrainer")
-    trainer.run_opener = RunOpener(recipe, start or Start(), device)
+    trainer.run_opener = RunOpener(recipe, start, device,
+                                   weights.record if weights is not None else None)
     return trainer
 
 
@@ -128,6 +139,7 @@ class RunOpener:
     recipe: Recipe
     start: Start
     device: torch.device
+    initialized_from: dict[str, Any] | None = None  # run.json's record of --init-from
 
     def __call__(self, trainer: SupervisedTrainer, show_progress: bool,
                  stop: StopRequest | None) -> dict[str, float]:
@@ -147,7 +159,8 @@ class RunOpener:
             scope.callback(trainer.close)
             # Ranks share the model init; from here on each has its own streams.
             _seed_everything(stream_seed(config.seed, process_group.rank()) % (2**32))
-            outcome = _agree_on_start(self.recipe, trainer, self.start, lock)
+            outcome = _agree_on_start(self.recipe, trainer, self.start, lock,
+                                      self.initialized_from)
             if outcome.complete is not None:
                 if process_group.is_rank_zero():
                     log.info("%s", outcome.complete)
@@ -237,8 +250,8 @@ def _seed_everything(seed: int) -> None:
         pass
 
 
-def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lock: RunLock
-                    ) -> StartOutcome:
+def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lock: RunLock,
+                    initialized_from: dict[str, Any] | None = None) -> StartOutcome:
     """Rank 0 decides how the run starts; every rank learns the outcome and restores its part.
 
     One gather brings rank 0 every rank's host, data identity and (for `--resume auto`)
@@ -256,7 +269,8 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
     peers = process_group.gather_to_rank_zero(facts)
     payload = None
     if process_group.is_rank_zero():
-        outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [])
+        outcome, payload = _prepare_on_rank_zero(recipe, trainer, start, lock, peers or [],
+                                                 initialized_from)
         process_group.broadcast_from_rank_zero(outcome)
     else:
         outcome = _outcome_from_rank_zero()
@@ -272,7 +286,8 @@ def _agree_on_start(recipe: Recipe, trainer: SupervisedTrainer, start: Start, lo
 
 
 def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Start,
-                          lock: RunLock, peers: list[dict[str, Any]]
+                          lock: RunLock, peers: list[dict[str, Any]],
+                          initialized_from: dict[str, Any] | None = None
                           ) -> tuple[StartOutcome, dict[str, Any] | None]:
     """The outcome every rank hears, and the snapshot payload to restore (or None)."""
     directory = Path(recipe.config.trainer.output_dir)
@@ -287,6 +302,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "versions": versions(recipe),
             "config": recipe.resolved,
             "resumed_from": None,
+            "initialized_from": initialized_from,  # train-sl --init-from: the weights' source
             "best": trainer.best.as_dict(),  # the run's best metric (R-MET-1), for readers
         }
         _check_peers(peers, directory)

@@ -1,13 +1,39 @@
 """The commands that continue a run the way it was launched: in one process, self-launched
 (`--nproc-per-node`) or under torchrun on one node or several. Every message that says how
-to continue builds its command here."""
+to continue builds its command here, keeping the user's own `--set` options (a pasted
+suggestion must aim at the same run, with the same changes)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shlex
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 SELF_LAUNCHED = "EMBODICHAIN_SELF_LAUNCHED"  # set for workers started by --nproc-per-node
+
+_USER_OVERRIDES: list[str] = []  # this command's `--set KEY=VALUE`, as the user gave them
+
+
+@contextlib.contextmanager
+def keep_user_overrides(overrides: Sequence[str]) -> Iterator[None]:
+    """While a command runs: its `--set` values, for every command a message suggests
+    (forgotten after it, so that a program's next command does not inherit them)."""
+    before = list(_USER_OVERRIDES)
+    _USER_OVERRIDES[:] = list(overrides)
+    try:
+        yield
+    finally:
+        _USER_OVERRIDES[:] = before
+
+
+def with_user_overrides(args: str) -> str:
+    """`args` followed by the user's `--set` options, each but those whose key `args`
+    already sets itself (a suggestion's own value, e.g. a fresh output_dir, wins)."""
+    kept = [o for o in _USER_OVERRIDES
+            if f"--set {o.partition('=')[0].strip()}=" not in args]
+    return " ".join([args, *(f"--set {shlex.quote(o)}" for o in kept)])
 
 
 def command_for(args: str, world_size: int | None) -> str:
@@ -17,6 +43,7 @@ def command_for(args: str, world_size: int | None) -> str:
     `world_size` is the run's, which may differ from this launch's (a refused resume names
     the launch that fits the run, not the one that was refused).
     """
+    args = with_user_overrides(args)
     if not world_size or world_size <= 1:
         return f"embodichain {args}"
     if os.environ.get(SELF_LAUNCHED):

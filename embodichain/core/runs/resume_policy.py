@@ -107,7 +107,9 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
     if (saved_size := snapshot.get("world_size")) != identity["world_size"]:
         problems.append(f"world_size: checkpoint {saved_size}, this run "
                         f"{identity['world_size']} (exact recovery needs the same number of "
-                        f"workers: {_launch_that_fits(saved_size, again)})")
+                        f"workers: {_launch_that_fits(saved_size, again)}; a run with "
+                        "trainer.global_batch_size may continue on another number; or start "
+                        "a new run from its weights with train-sl --init-from CHECKPOINT)")
     if snapshot.get("source_identity") != identity["source_identity"]:
         from embodichain.core.data.identity_records import describe_change
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
 from embodichain.core.training.nonfinite import nonfinite_loss
@@ -103,6 +104,7 @@ class Learner:
         self.device = device
         self.precision = precision
         self.strategy: Strategy = make_strategy(strategy, device, precision)
+        load_pending(model)  # train-sl --init-from: before the strategy spreads the model
         self.model = model.to(device).train()  # validation switches back after eval()
         param_groups = self.strategy.prepare(self.model, param_groups,
                                              shard_blocks=shard_blocks,

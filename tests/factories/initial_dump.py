@@ -1,0 +1,42 @@
+"""sl_ddp, whose build writes the model's weights as the run starts them (after the factory,
+the Learner and its strategy: a sharded model gathered whole) to
+`$INIT_DUMP_DIR/rank<RANK>.pt`, so a test can compare them bitwise with the weights
+`--init-from` named. `INIT_EXTRA_HEAD=1` appends a layer (`3.weight`, `3.bias`): a model
+with tensors a plain sl_ddp checkpoint lacks. Without these variables, training is sl_ddp's.
+
+Named in recipes as `initial_dump:build_supervised_trainer` with tests/factories on
+PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from embodichain.plugins import sl_ddp
+
+
+def build_supervised_trainer(config, device):
+    if os.environ.get("INIT_EXTRA_HEAD"):
+        plain = sl_ddp.make_model
+        sl_ddp.make_model = lambda hidden: nn.Sequential(*plain(hidden), nn.Linear(2, 2))
+        try:
+            trainer = sl_ddp.build_supervised_trainer(config, device)
+        finally:
+            sl_ddp.make_model = plain
+    else:
+        trainer = sl_ddp.build_supervised_trainer(config, device)
+    if os.environ.get("INIT_DUMP_DIR"):
+        from torch.distributed.tensor import DTensor
+
+        whole = {name: (value.full_tensor() if isinstance(value, DTensor) else value).clone()
+                 for name, value in trainer.learner.model.state_dict().items()}
+        path = Path(os.environ["INIT_DUMP_DIR"]) / f"rank{os.environ.get('RANK', '0')}.pt"
+        torch.save(whole, path)
+    return trainer
+
+
+build_supervised_trainer.config_schema = sl_ddp.build_supervised_trainer.config_schema
