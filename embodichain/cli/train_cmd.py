@@ -71,7 +71,8 @@ def train_sl(
     with reported_errors(debug), _suggestions_keep(overrides):
         from embodichain.core.errors import UsageError
         from embodichain.core.launch import api
-        from embodichain.core.launch.self_launch import worker_command
+        from embodichain.core.launch.self_launch import should_launch, worker_command
+
         init = _init_from(init_from, init_from_ema, init_allow_missing, init_allow_unexpected,
                           resume)
         # The public API's path (R-API-1): what this machine cannot serve is refused before
@@ -79,6 +80,9 @@ def train_sl(
         recipe = api.load_recipe(config, overrides or [],
                                  local_ranks=local_ranks(nproc_per_node), warn=False)
         print_warnings(recipe.warnings)
+        if init_from is not None and not init_from.is_file() and (
+                print_config or should_launch(nproc_per_node)):  # before any worker starts
+            raise UsageError(f"--init-from {init_from}: no such checkpoint or state_dict file")
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")

@@ -176,3 +176,14 @@ def test_from_a_sharded_checkpoint_into_ddp_and_fsdp(tmp_path: Path) -> None:
     text = " ".join(refused.stderr.split())
     assert "trainer.global_batch_size" in text and "--init-from" in text
     assert f"--resume {manifest} --set trainer.output_dir={tmp_path / 'resumed'}" in text
+
+
+def test_a_missing_source_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
+    """--init-from a file that does not exist, with --nproc-per-node 2: refused by name
+    (exit 2) by the launching command itself. Catches: workers started only to refuse it
+    each (torchrun's failure report), or a run directory created first."""
+    proc, run, _ = start(tmp_path, tmp_path / "absent.pt", "--nproc-per-node", "2")
+    assert proc.returncode == 2, proc.stderr
+    assert f"--init-from {tmp_path / 'absent.pt'}: no such" in proc.stderr
+    assert "Failures" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
+    assert not run.exists()
