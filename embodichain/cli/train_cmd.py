@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,6 +17,9 @@ from embodichain.cli.common import (
     print_warnings,
     reported_errors,
 )
+
+if TYPE_CHECKING:  # torch is imported only when training starts
+    from embodichain.core.checkpoint.initial_weights import InitFrom
 
 # No `dir_okay=False`: a directory gets the one-line `error: …` of every bad recipe path.
 ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML file.",
@@ -99,7 +102,7 @@ def train_sl(
 
 
 def _init_from(path: Path | None, ema: bool, allow_missing: bool, allow_unexpected: bool,
-               resume: str | None) -> object:
+               resume: str | None) -> InitFrom | None:
     """The `InitFrom` the --init-* options ask for (None without --init-from); refuses
     (exit 2) --init-from with --resume, and --init-* options without --init-from."""
     from embodichain.core.errors import UsageError
