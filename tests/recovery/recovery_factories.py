@@ -31,9 +31,11 @@ from embodichain.learning.sl import LossResult, SupervisedTrainer, TensorSource
 from embodichain.plugins import sl_ddp
 
 DRAWS_ENV = "RECOVERY_DRAWS_DIR"
-# Below a checkpoint's size (~30 KiB), above metrics.jsonl's by update 150 (~23 KiB: the
-# failure may be heard that late), so only the checkpoint write fails.
-FILE_SIZE_LIMIT = 26 * 1024
+# Below a checkpoint's size (~70 KiB with failing_save's wide model), above metrics.jsonl's
+# by update 150 (~40 KiB at log_every 1: the failure may be heard that late), so only the
+# checkpoint write fails.
+FILE_SIZE_LIMIT = 52 * 1024
+FAILING_SAVE_HIDDEN = 512
 
 
 def _trainer(config: sl_ddp.SlDdpConfig, device: torch.device, *, model: nn.Module | None = None,
@@ -132,7 +134,8 @@ class FillTheDisk:
 
 
 def failing_save(config: sl_ddp.SlDdpConfig, device: torch.device) -> SupervisedTrainer:
-    return _trainer(config, device, callbacks=[FillTheDisk()])
+    return _trainer(config, device, model=sl_ddp.make_model(FAILING_SAVE_HIDDEN),
+                    callbacks=[FillTheDisk()])
 
 
 failing_save.config_schema = sl_ddp.SlDdpConfig
