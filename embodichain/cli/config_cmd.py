@@ -31,7 +31,7 @@ def validate_config(
     this machine can serve. Exit 0 or 2."""
     with reported_errors(debug):
         from embodichain.cli.train_cmd import print_recipe
-        from embodichain.core.recipe.loading import load_recipe
+        from embodichain.core.recipe.loading import known_world_size, load_recipe
         from embodichain.core.runs.run_dir import output_dir_problem
 
         # The factory stays unimported when its distribution registers a torch-free schema.
@@ -50,6 +50,11 @@ def validate_config(
             typer.echo(f"warning: {problem}", err=True)
         for warning in warnings:
             typer.echo(f"warning: {warning}", err=True)
+        t = recipe.config.trainer
+        if t.global_batch_size is not None and known_world_size(nproc_per_node) is None:
+            typer.echo(f"note: trainer.global_batch_size {t.global_batch_size} was checked "
+                       "against trainer.batch_size only (the world size is not known); "
+                       "--nproc-per-node N checks it for N ranks", err=True)
 
 
 def check_on_this_machine(recipe, nproc_per_node: int | None = None) -> tuple[Any, list[str]]:
