@@ -62,6 +62,8 @@ CASES = [
     ("a global batch no world size divides", {"trainer.global_batch_size": 48}, 2,
      "trainer.global_batch_size: 48 is not a whole multiple of trainer.batch_size 32", False),
     ("a global batch valid for one rank", {"trainer.global_batch_size": 64}, 0, None, False),
+    ("a global batch too large to draw", {"trainer.global_batch_size": 2**31}, 2,
+     "trainer.global_batch_size: expected at most 2147483647", False),
 ]
 
 

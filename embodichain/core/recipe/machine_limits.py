@@ -89,10 +89,12 @@ def machine_verdict(config: FrameworkConfig, local_ranks: int = 1,
                 f"examples in flight per rank, whose indices alone need "
                 f"{readable_size(in_flight * EXAMPLE_KEY_BYTES)}, more than the "
                 f"{readable_size(memory)} available on this machine; lower trainer.prefetch")
-    drawn = t.batch_size * t.grad_accumulation
+    drawn = t.global_batch_size or t.batch_size * t.grad_accumulation  # under G: every rank
+    what = ("trainer.global_batch_size: an update draws" if t.global_batch_size else
+            "trainer.grad_accumulation: an update draws batch_size x grad_accumulation =")
     if memory is not None and drawn * INDEX_BYTES > memory:
         verdict.problems.append(
-            f"trainer.grad_accumulation: an update draws batch_size x grad_accumulation = "
+            f"{what} "
             f"{drawn:,} indices at once, {readable_size(drawn * INDEX_BYTES)}, more than the "
             f"{readable_size(memory)} available on this machine")
     return verdict

@@ -200,6 +200,8 @@ def global_batch_problem(t: TrainerConfig, world_size: int | None) -> str | None
     g, b = t.global_batch_size, t.batch_size
     if g is None:
         return None
+    if g > 2**31 - 1:  # drawn as one tensor of indices, as batch_size x grad_accumulation
+        return f"trainer.global_batch_size: expected at most {2**31 - 1}, got {g}"
     explicit = "grad_accumulation" in t.model_fields_set
     if world_size is None:
         per_rank = b * t.grad_accumulation if explicit else b
