@@ -27,12 +27,13 @@ RECORDING = {"factory": "global_recording:build_supervised_trainer", "trainer.ba
              "data.train_size": 100, "data.val_size": 16}
 
 
-def _train(tmp_path: Path, name: str, ranks: int, **changes: object) -> Path:
+def _train(tmp_path: Path, name: str, ranks: int, env: dict[str, str] | None = None,
+           **changes: object) -> Path:
     run, records = tmp_path / name, tmp_path / f"{name}_records"
     records.mkdir()
     recipe = data_recipe(tmp_path / f"{name}.yaml", run, **{**RECORDING, **changes})
     args = ("train-sl", "--config", str(recipe), "--no-progress")
-    env = data_env(RECORD_DIR=str(records))
+    env = data_env(RECORD_DIR=str(records), **(env or {}))
     assert_ok(run_torchrun(*args, env=env) if ranks == 2 else run_cli(*args, env=env))
     return run
 
@@ -45,7 +46,7 @@ def _updates(run: Path) -> dict[int, dict[str, list]]:
     updates: dict[int, dict[str, list]] = {}
     for r in sorted(records, key=lambda r: (r["step"], r["rank"])):  # stable: call order
         update = updates.setdefault(r["step"], {"index": [], "x": []})
-        update["index"] += r["index"]
+        update["index"] += r["index"] or []
         update["x"] += r["x"]
     return updates
 
@@ -87,6 +88,16 @@ def test_one_and_two_ranks_train_every_update_on_the_same_examples(tmp_path: Pat
         assert ((a[name] - b[name]).norm() / a[name].norm()).item() <= 1e-6, name
     # Data workers change nothing at all (R-DATA-1 under G).
     assert assert_training_state_equal(two / "last.pt", workers / "last.pt") >= 4
+
+
+def test_an_in_memory_source_follows_the_global_order_too(tmp_path: Path) -> None:
+    """Catches the global order applied to a `DatasetSource` only: with the corpus in
+    memory (a TensorSource, gathered per micro-batch), one rank and two ranks train every
+    update on the same 16 inputs, in global order."""
+    tensor = {"EMBODICHAIN_TEST_SOURCE": "tensor"}
+    one = _updates(_train(tmp_path, "one", 1, env=tensor))
+    assert sorted(one) == list(range(1, 11))
+    assert _updates(_train(tmp_path, "two", 2, env=tensor)) == one
 
 
 def test_same_world_size_resumes_bitwise_in_the_middle_of_updates(tmp_path: Path) -> None:
