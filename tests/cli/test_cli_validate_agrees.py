@@ -58,6 +58,12 @@ CASES = [
      "trainer.precision: fp16 is not available with trainer.strategy: fsdp", False),
     ("fsdp with bf16", {"trainer.strategy": "fsdp", "trainer.precision": "bf16"}, 0, None,
      False),
+    # R-ELASTIC-1: what no world size divides is refused without knowing the world size.
+    ("a global batch no world size divides", {"trainer.global_batch_size": 48}, 2,
+     "trainer.global_batch_size: 48 is not a whole multiple of trainer.batch_size 32", False),
+    ("a global batch valid for one rank", {"trainer.global_batch_size": 64}, 0, None, False),
+    ("a global batch too large to draw", {"trainer.global_batch_size": 2**31}, 2,
+     "trainer.global_batch_size: expected at most 2147483647", False),
 ]
 
 
@@ -124,3 +130,33 @@ def test_both_refuse_what_this_machine_cannot_serve(tmp_path: Path,
         assert text in result.stderr and "Nothing was started" in result.stderr
         assert errors(result.stderr) == errors(trained.stderr)
     assert not run.exists()
+
+
+@pytest.mark.parametrize("changes, text", [
+    ({"trainer.global_batch_size": 96},
+     "trainer.global_batch_size: 96 is not a whole multiple of world size x batch_size = "
+     "2 x 32 = 64"),
+    ({"trainer.global_batch_size": 128, "trainer.grad_accumulation": 1},
+     "trainer.grad_accumulation: 1 disagrees with trainer.global_batch_size 128 / (world "
+     "size 2 x batch_size 32) = 2"),
+], ids=["not divisible", "grad_accumulation disagrees"])
+def test_both_refuse_a_global_batch_the_world_size_cannot_divide(
+        tmp_path: Path, changes: dict, text: str) -> None:
+    """Catches a world-size check of trainer.global_batch_size that only the workers make
+    (after the launch), or that `validate-config --nproc-per-node` skips (R-ELASTIC-1): for
+    2 ranks, G = 96 with batch 32 (K = 1.5), and grad_accumulation 1 given where K is 2,
+    are refused by both commands with the same message naming G, the world size and the
+    batch size, exit 2, and no worker starts (no run directory)."""
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **{**SMALL, **changes})
+    trained = invoke("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
+                     "--no-progress")
+    plain = invoke("validate-config", str(recipe), "--nproc-per-node", "2")
+    for result in (trained, plain):
+        assert result.exit_code == 2, result.output
+        assert text in result.stderr and "Nothing was started" in result.stderr
+    assert not run.exists()
+    # On one rank the same recipes divide (K = 3, K = 4 with grad_accumulation derived),
+    # so validate-config without a world size does not refuse them.
+    if "grad_accumulation" not in changes:
+        assert invoke("validate-config", str(recipe)).exit_code == 0

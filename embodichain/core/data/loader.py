@@ -11,6 +11,11 @@ Each example is loaded with torch's, Python's and NumPy's global generators seed
 (`data_workers: 0`) the streams are restored afterwards, so dropout keeps its sequence.
 Results therefore depend neither on the worker count nor on the prefetch depth.
 
+Under `trainer.global_batch_size` (R-ELASTIC-2) the sampler is a `GlobalOrderSampler`: each
+loaded batch is one micro-batch of `batch_size` (K per update, loaded as the learner reaches
+them, so memory is bounded by the micro-batch), and each example is seeded from (seed,
+update, position in the global batch), never the rank: any world size augments alike.
+
 A failing `__getitem__` comes back as a value naming the example; a worker that dies is
 reported by torch (its SIGCHLD handler or its liveness check); both become a DataFailure
 (exit 1) on the rank that loads the batch (R-DATA-4). The other ranks then fail in the
@@ -31,6 +36,7 @@ from typing import Any
 import torch
 
 from embodichain.core.data.dataset_source import DatasetSource
+from embodichain.core.data.global_order import GlobalOrderSampler
 from embodichain.core.data.micro_batches import Batch, MicroBatches, split_batch
 from embodichain.core.data.samplers import EpochSampler, Sampler
 from embodichain.core.data.source import Source
@@ -50,6 +56,12 @@ def example_seed(seed: int, rank: int, update: int, position: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
+def global_example_seed(seed: int, update: int, position: int) -> int:
+    """The 63-bit seed of the example at global `position` of `update` (under G)."""
+    text = f"embodichain-global-example:{seed}:{update}:{position}"
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
 class LoadFailure:
     """What a worker sends back instead of a batch when an example could not be loaded."""
 
@@ -58,9 +70,10 @@ class LoadFailure:
 
 
 class SeededExamples:
-    """The dataset as the DataLoader sees it: indexed by keys, each example seeded."""
+    """The dataset as the DataLoader sees it: indexed by keys, each example seeded
+    (`rank` None: by its global position, under G)."""
 
-    def __init__(self, dataset: Any, seed: int, rank: int) -> None:
+    def __init__(self, dataset: Any, seed: int, rank: int | None) -> None:
         self.dataset, self.seed, self.rank = dataset, seed, rank
 
     def __len__(self) -> int:
@@ -81,7 +94,9 @@ class SeededExamples:
                 _restore_global_rng(saved)
 
     def _load(self, key: Key) -> Any:
-        _seed_global_rng(example_seed(self.seed, self.rank, key[1], key[2]))
+        _seed_global_rng(example_seed(self.seed, self.rank, key[1], key[2])
+                         if self.rank is not None
+                         else global_example_seed(self.seed, key[1], key[2]))
         try:
             return self.dataset[key[0]]
         except Exception as exc:  # reported with its index by the training process
@@ -119,16 +134,24 @@ def collate(examples: list[Any]) -> Any:
 
 
 class IndexStream:
-    """The DataLoader's `batch_sampler`: the look-ahead sampler's batches as keys, forever."""
+    """The DataLoader's `batch_sampler`: the look-ahead sampler's batches as keys, forever.
+    Under G each update's slice is cut into micro-batches of `micro_batch_size`, each key
+    carrying its position in the global batch."""
 
-    def __init__(self, sampler: Sampler) -> None:
-        self.sampler = sampler
+    def __init__(self, sampler: Sampler, micro_batch_size: int | None = None) -> None:
+        self.sampler, self.micro_batch_size = sampler, micro_batch_size
 
     def __iter__(self) -> Iterator[list[Key]]:
         while True:
             update = self.sampler.batches_drawn  # one draw per update (all its micro-batches)
             indices = self.sampler.next_indices().tolist()
-            yield [(i, update, j) for j, i in enumerate(indices)]
+            if not isinstance(self.sampler, GlobalOrderSampler):
+                yield [(i, update, j) for j, i in enumerate(indices)]
+                continue
+            first, size = self.sampler.first_position, self.micro_batch_size or len(indices)
+            keys = [(i, update, first + j) for j, i in enumerate(indices)]
+            for start in range(0, len(keys), size):
+                yield keys[start:start + size]
 
 
 class BatchLoader:
@@ -137,7 +160,8 @@ class BatchLoader:
 
     An in-memory source's micro-batches are gathered lazily, one at a time; a
     `DatasetSource`'s update is loaded by the data workers as one batch (`next_batch()`:
-    its examples are seeded by their position in the update), then cut in order.
+    its examples are seeded by their position in the update), then cut in order; under G
+    (a `GlobalOrderSampler`) as K batches of one micro-batch each, loaded in turn.
     """
 
     def __init__(self, source: Source, sampler: Sampler, device: torch.device, *, seed: int,
@@ -150,9 +174,21 @@ class BatchLoader:
         self._iterator: Iterator[Any] | None = None
         self._consumed = -1  # the sampler position the iterator's next batch starts at
         self._sigchld: Any = None
+        self._in_turn: InTurn | None = None  # under G: the update being loaded
+
+    @property
+    def global_order(self) -> bool:
+        return isinstance(self.sampler, GlobalOrderSampler)
 
     def next_update(self) -> Sequence[Batch]:
         """The next update's micro-batches, in the order their indices were drawn."""
+        if isinstance(self.source, DatasetSource) and self.global_order:
+            if self._in_turn is not None:
+                self._in_turn.finish()  # a previous update left unread stays in step
+            share = self.sampler.share  # type: ignore[attr-defined]
+            count = -(-share // (self.micro_batch_size or share))
+            self._in_turn = InTurn(self._next_micro_batch, count)
+            return self._in_turn
         if isinstance(self.source, DatasetSource):
             batch = self.next_batch()
             return split_batch(batch, self.micro_batch_size) if self.micro_batch_size \
@@ -164,9 +200,14 @@ class BatchLoader:
         batch = self.source.gather(indices)
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
-    def next_batch(self) -> Batch:
-        """A `DatasetSource`'s next update as one batch, loaded by the data workers."""
-        if self._iterator is None or self._consumed != self.sampler.batches_drawn:
+    def _next_micro_batch(self, k: int, last: bool) -> Batch:
+        """Under G: micro-batch `k` of the next update; the sampler advances after the last."""
+        return self.next_batch(first=k == 0, last=last)
+
+    def next_batch(self, first: bool = True, last: bool = True) -> Batch:
+        """A `DatasetSource`'s next update as one batch, loaded by the data workers (under
+        G: one micro-batch of it, `first` and `last` saying which)."""
+        if first and (self._iterator is None or self._consumed != self.sampler.batches_drawn):
             self._start()  # first batch, or the sampler was restored meanwhile
         update = self.sampler.batches_drawn + 1
         try:
@@ -179,15 +220,16 @@ class BatchLoader:
         if isinstance(loaded, LoadFailure):
             self.close()
             raise self._failure(loaded, update)
-        self.sampler.next_indices()  # the consumed position is what a checkpoint keeps
-        self._consumed = self.sampler.batches_drawn
+        if last:
+            self.sampler.next_indices()  # the consumed position is what a checkpoint keeps
+            self._consumed = self.sampler.batches_drawn
         return {k: v.to(self.device, non_blocking=True) for k, v in loaded.items()}
 
     def metrics(self) -> dict[str, float]:
         """Per-update records of the sampling (`train/epoch` in epochs)."""
-        if isinstance(self.sampler, EpochSampler):
-            return {"train/epoch": self.sampler.epoch}
-        return {}
+        epoch = getattr(self.sampler, "epoch", None) if isinstance(
+            self.sampler, (EpochSampler, GlobalOrderSampler)) else None
+        return {} if epoch is None else {"train/epoch": epoch}
 
     def _start(self) -> None:
         self.close()
@@ -197,8 +239,10 @@ class BatchLoader:
         workers = self.workers
         fork = workers > 0 and "fork" in multiprocessing.get_all_start_methods()
         loader = DataLoader(
-            SeededExamples(self.source.dataset, self.seed, self.rank),
-            batch_sampler=IndexStream(copy.deepcopy(self.sampler)),
+            SeededExamples(self.source.dataset, self.seed,
+                           None if self.global_order else self.rank),
+            batch_sampler=IndexStream(copy.deepcopy(self.sampler),
+                                      self.micro_batch_size if self.global_order else None),
             num_workers=workers,
             collate_fn=collate,
             pin_memory=self.device.type == "cuda",
@@ -258,3 +302,25 @@ class BatchLoader:
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()  # now, not whenever the iterator is collected
+
+
+class InTurn(Sequence[Batch]):
+    """The K micro-batches of one update under G, each loaded when first read, in order
+    (the learner reads each once): one micro-batch resident at a time."""
+
+    def __init__(self, load: Any, count: int) -> None:
+        self._load, self._count, self._next = load, count, 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, k: int) -> Batch:  # type: ignore[override]
+        if k != self._next:
+            raise IndexError(f"micro-batch {k} read out of turn (next is {self._next})")
+        self._next += 1
+        return self._load(k, self._next == self._count)
+
+    def finish(self) -> None:
+        """Load (and drop) the micro-batches not read, so the next update starts in step."""
+        while self._next < self._count:
+            self[self._next]

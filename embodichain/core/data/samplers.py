@@ -59,6 +59,12 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+def epoch_permutation(seed: int, epoch: int, corpus_size: int) -> torch.Tensor:
+    """Epoch `epoch`'s seeded permutation of the corpus (the same on every rank)."""
+    generator = torch.Generator().manual_seed(_epoch_seed(seed, epoch))
+    return torch.randperm(corpus_size, generator=generator)
+
+
 class EpochSampler:
     """Each epoch a seeded permutation of the corpus, dealt out disjointly to the ranks.
 
@@ -88,8 +94,7 @@ class EpochSampler:
 
     def permutation(self, epoch: int) -> torch.Tensor:
         if self._permutation is None or self._permutation[0] != epoch:
-            generator = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
-            self._permutation = (epoch, torch.randperm(self.corpus_size, generator=generator))
+            self._permutation = (epoch, epoch_permutation(self.seed, epoch, self.corpus_size))
         return self._permutation[1]
 
     def next_indices(self) -> torch.Tensor:

@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from embodichain.core.recipe.loading import Recipe, validate_recipe
+from embodichain.core.recipe.loading import (
+    Recipe,
+    for_world_size,
+    known_world_size,
+    validate_recipe,
+)
 from embodichain.core.recipe.loading import load_recipe as load_recipe_file
 from embodichain.core.recipe.machine_limits import refuse_or_warn
 from embodichain.core.runs.commands import SELF_LAUNCHED
@@ -50,6 +55,7 @@ def load_recipe(recipe: str | Path | Mapping[str, Any], overrides: Sequence[str]
     else:
         loaded = load_recipe_file(recipe, overrides)
     ranks = local_ranks or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    loaded = for_world_size(loaded, known_world_size(local_ranks) or ranks)  # R-ELASTIC-1
     machine = refuse_or_warn(loaded.config, loaded.source, ranks)
     loaded = dataclasses.replace(loaded, warnings=(*loaded.warnings, *machine))
     if warn and int(os.environ.get("RANK", "0")) == 0 and not os.environ.get(SELF_LAUNCHED):

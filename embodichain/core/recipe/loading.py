@@ -5,7 +5,9 @@ Every problem is collected and reported at once, each with its key path.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,12 @@ from pydantic import BaseModel, ValidationError
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.consistency import recipe_problems, recipe_warnings
 from embodichain.core.recipe.limits import framework_limit_problems
-from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
+from embodichain.core.recipe.schema import (
+    FrameworkConfig,
+    combined_schema,
+    global_batch_problem,
+    resolved_dict,
+)
 from embodichain.core.recipe.validation_errors import (
     allows_none,
     annotation_at,
@@ -209,6 +216,28 @@ def validate_recipe(raw: Mapping[str, Any], source: str | None = None,
     if checked.recipe is None:
         raise ConfigError(checked.problems, source)
     return checked.recipe
+
+
+def for_world_size(recipe: Recipe, world_size: int) -> Recipe:
+    """The recipe as `world_size` ranks run it: under `trainer.global_batch_size` with its
+    `grad_accumulation` derived (R-ELASTIC-1). ConfigError (exit 2) naming G, the world size
+    and the batch size when they do not divide, before anything starts."""
+    t = recipe.config.trainer
+    if t.global_batch_size is None:
+        return recipe
+    problem = global_batch_problem(t, world_size)
+    if problem:
+        raise ConfigError([f"{problem}. Nothing was started"], recipe.source)
+    k = t.global_batch_size // (world_size * t.batch_size)
+    trainer = t.model_copy(update={"grad_accumulation": k})
+    return dataclasses.replace(recipe, config=recipe.config.model_copy(update={"trainer": trainer}))
+
+
+def known_world_size(local_ranks: int | None) -> int | None:
+    """The world size a recipe is checked for: torchrun's WORLD_SIZE, else the ranks this
+    node starts (`--nproc-per-node`; None: not known)."""
+    env = os.environ.get("WORLD_SIZE")
+    return int(env) if env else local_ranks
 
 
 @dataclass(frozen=True)

@@ -78,18 +78,23 @@ def machine_verdict(config: FrameworkConfig, local_ranks: int = 1,
                 f"trainer.data_workers: {workers} worker processes{per} on the "
                 f"{machine.cpus} CPUs of this machine: they compete with training for the "
                 "CPUs (the model is the same for any value; 2 to 8 per rank is usual)")
-        in_flight = t.data_workers * t.prefetch * t.batch_size * t.grad_accumulation
+        # A loaded batch is the update, or under global_batch_size one micro-batch.
+        per_batch = t.batch_size * (1 if t.global_batch_size else t.grad_accumulation)
+        in_flight = t.data_workers * t.prefetch * per_batch
         if memory is not None and in_flight * EXAMPLE_KEY_BYTES > memory:
             verdict.problems.append(
                 f"trainer.prefetch: {t.data_workers} workers x prefetch {t.prefetch} x "
-                f"{t.batch_size * t.grad_accumulation} examples per update = {in_flight:,} "
+                f"{per_batch} examples per {'micro-batch' if t.global_batch_size else 'update'}"
+                f" = {in_flight:,} "
                 f"examples in flight per rank, whose indices alone need "
                 f"{readable_size(in_flight * EXAMPLE_KEY_BYTES)}, more than the "
                 f"{readable_size(memory)} available on this machine; lower trainer.prefetch")
-    drawn = t.batch_size * t.grad_accumulation
+    drawn = t.global_batch_size or t.batch_size * t.grad_accumulation  # under G: every rank
+    what = ("trainer.global_batch_size: an update draws" if t.global_batch_size else
+            "trainer.grad_accumulation: an update draws batch_size x grad_accumulation =")
     if memory is not None and drawn * INDEX_BYTES > memory:
         verdict.problems.append(
-            f"trainer.grad_accumulation: an update draws batch_size x grad_accumulation = "
+            f"{what} "
             f"{drawn:,} indices at once, {readable_size(drawn * INDEX_BYTES)}, more than the "
             f"{readable_size(memory)} available on this machine")
     return verdict

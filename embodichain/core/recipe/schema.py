@@ -122,7 +122,13 @@ class TrainerConfig(Section):
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
     # -- training loops (R-LOOP-1, R-LOOP-2, R-LOOP-4): core/training/{learner,ema,precision} --
     grad_accumulation: PositiveInt = 1
-    """Micro-batches of `batch_size` per worker per update; one gradient all-reduce."""
+    """Micro-batches of `batch_size` per worker per update; one gradient all-reduce. Under
+    `global_batch_size` derived when unset (and it must agree when given)."""
+    global_batch_size: PositiveInt | None = None
+    """G examples per update over all ranks (null: `batch_size` per worker, as without it).
+    `batch_size` is then the per-rank micro-batch and each rank runs K = G / (world size x
+    batch_size) micro-batches per update; the examples of every update are the same on any
+    world size (R-ELASTIC-1, R-ELASTIC-2)."""
     ema: EmaConfig | None = None
     """Keep an exponential moving average of the parameters (`{decay, validate}`)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
@@ -168,6 +174,55 @@ class TrainerConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @model_validator(mode="after")
+    def _global_batch_divides(self) -> TrainerConfig:
+        # What no world size can serve is refused without knowing it (R-ELASTIC-1).
+        problem = global_batch_problem(self, None)
+        if problem:
+            raise ValueError(problem)
+        return self
+
+    def micro_batches_per_update(self, world_size: int) -> int:
+        """K: `grad_accumulation`, or under `global_batch_size` G / (world_size x batch_size)
+        (ValueError when that is not a whole number >= 1 agreeing with an explicit one)."""
+        if self.global_batch_size is None:
+            return self.grad_accumulation
+        problem = global_batch_problem(self, world_size)
+        if problem:
+            raise ValueError(problem)
+        return self.global_batch_size // (world_size * self.batch_size)
+
+
+def global_batch_problem(t: TrainerConfig, world_size: int | None) -> str | None:
+    """Why `trainer.global_batch_size` cannot be served on `world_size` ranks (None: on
+    some world size), naming G, the world size and the batch size; None when it can."""
+    g, b = t.global_batch_size, t.batch_size
+    if g is None:
+        return None
+    if g > 2**31 - 1:  # drawn as one tensor of indices, as batch_size x grad_accumulation
+        return f"trainer.global_batch_size: expected at most {2**31 - 1}, got {g}"
+    explicit = "grad_accumulation" in t.model_fields_set
+    if world_size is None:
+        per_rank = b * t.grad_accumulation if explicit else b
+        if g % per_rank:
+            what = (f"batch_size x grad_accumulation = {b} x {t.grad_accumulation}"
+                    if explicit else f"batch_size {b}")
+            return (f"trainer.global_batch_size: {g} is not a whole multiple of trainer.{what}, "
+                    "so no world size divides it into whole micro-batches per rank")
+        return None
+    if g % (world_size * b):
+        return (f"trainer.global_batch_size: {g} is not a whole multiple of world size x "
+                f"batch_size = {world_size} x {b} = {world_size * b}: the micro-batches per "
+                "update, K = "
+                "G / (world size x batch_size), must be a whole number >= 1; change "
+                "trainer.batch_size, trainer.global_batch_size or the number of ranks")
+    k = g // (world_size * b)
+    if explicit and t.grad_accumulation != k:
+        return (f"trainer.grad_accumulation: {t.grad_accumulation} disagrees with trainer."
+                f"global_batch_size {g} / (world size {world_size} x batch_size {b}) = {k}; "
+                "leave grad_accumulation unset (it is derived) or set it to the derived value")
+    return None
 
 
 class OptimizerConfig(Section):

@@ -8,10 +8,12 @@ import logging
 import torch
 
 from embodichain.core.data.dataset_source import DatasetSource
+from embodichain.core.data.global_order import global_sampler
 from embodichain.core.data.loader import BatchLoader
 from embodichain.core.data.samplers import Sampler, make_sampler
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
+from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import FrameworkConfig
 
 
@@ -19,8 +21,18 @@ def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
     # An update draws all its K * batch_size indices at once (R-LOOP-1): K=4 with batch 8
     # trains on the examples K=1 with batch 32 does.
     t = config.trainer
+    rank, world_size = process_group.rank(), process_group.world_size()
+    if t.global_batch_size is not None:
+        # Under G the order is the world's, not the rank's (R-ELASTIC-2); a recipe loaded
+        # for another world size is refused here, before training (ValueError names G).
+        try:
+            t.micro_batches_per_update(world_size)
+        except ValueError as exc:
+            raise UsageError(f"{exc}. Nothing was trained") from None
+        return global_sampler(t.sampling, len(source), t.global_batch_size, config.seed,
+                              rank, world_size)
     return make_sampler(t.sampling, len(source), t.batch_size * t.grad_accumulation,
-                        config.seed, process_group.rank(), process_group.world_size())
+                        config.seed, rank, world_size)
 
 
 def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
