@@ -44,6 +44,13 @@ def _train_example(root: Path, launch) -> str:
     return str(root / "run")
 
 
+@pytest.fixture()
+def digest_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A per-user digest cache of this test's own (EMBODICHAIN_CACHE_DIR)."""
+    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 @pytest.fixture(scope="session")
 def sl_ddp_two_workers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example recipe trained to 200 updates by 2 torchrun workers (shared, read-only)."""

@@ -238,13 +238,13 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     size and data identity can only be checked at launch, so they are stated as conditions.
     """
     from embodichain.core.errors import ConfigError
-    from embodichain.core.launch.train import config_differences
     from embodichain.core.recipe.loading import (
         check_recipe,
         read_recipe_file,
         resolve_framework_part,
     )
     from embodichain.core.recipe.schema import flatten_keys
+    from embodichain.core.runs.config_compat import config_differences, with_keys
 
     run = _mapping(data["payload"].get("run"))
     step = int(data["manifest"]["step"])
@@ -273,7 +273,7 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
         written = flatten_keys(current)
         saved = {k: v for k, v in flatten_keys(saved).items()
                  if k.split(".")[0] in framework or k in written}
-        saved = _unflatten(saved)
+        saved = with_keys({}, saved)  # nested again
     else:  # an invalid recipe is bad input too, reported as validate-config would
         raise ConfigError(checked.problems, str(recipe_path))
     # The recipe's own schema decides keys newer than the checkpoint, as at launch.
@@ -300,17 +300,6 @@ def _framework_keys() -> list[str]:
     from embodichain.core.recipe.schema import FrameworkConfig
 
     return list(FrameworkConfig.model_fields)
-
-
-def _unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
-    nested: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = nested
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return nested
 
 
 def _destination_problems(current: Mapping[str, Any], checkpoint: Path,

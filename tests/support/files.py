@@ -12,6 +12,13 @@ def snapshot_dir(directory: Path) -> dict[str, bytes | None]:
             for p in sorted(directory.rglob("*"))}
 
 
+def file_listing(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `root` with its size and modification time: a directory nothing
+    wrote into (not even the same bytes again) lists the same."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in root.rglob("*")}
+
+
 def tensors_by_path(value: object, path: str = ""):
     """Every tensor of a nested checkpoint payload, keyed like `/learner/model/0.weight`."""
     import torch

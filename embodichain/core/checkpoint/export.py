@@ -39,17 +39,34 @@ class Exported:
     ema: bool
 
 
+class NoEmaWeights(UsageError):
+    """The checkpoint holds no EMA weights (its caller says how to do without them)."""
+
+
+def checkpoint_model(path: Path, data: Mapping[str, Any], *, ema: bool = False
+                     ) -> dict[str, torch.Tensor]:
+    """The whole model's (or its EMA's) state_dict in the verified checkpoint `data` at
+    `path`: a sharded one's shards each verified, then concatenated (R-SHARD-4)."""
+    if not is_sharded_checkpoint(data):
+        return model_state(data, path, ema=ema)
+    try:
+        return consolidated_model(path, data, ema=ema)
+    except CheckpointError as exc:
+        if ema and "no EMA" in str(exc):
+            raise NoEmaWeights(str(exc)) from None
+        raise
+
+
 def model_state(data: Mapping[str, Any], source: Path, *, ema: bool = False
                 ) -> dict[str, torch.Tensor]:
-    """The model's (or its EMA's) state_dict in a verified checkpoint `data`."""
+    """The model's (or its EMA's) state_dict in a verified unsharded checkpoint `data`."""
     learner = data["payload"]["learner"]
     if not ema:
         return dict(learner["model"])
     found = learner.get("ema")
     if found is None:
-        raise UsageError(f"{source} holds no EMA weights (the run had no trainer.ema when it "
-                         "wrote this checkpoint); export without --ema for the model's own "
-                         "weights")
+        raise NoEmaWeights(f"{source} holds no EMA weights (the run had no trainer.ema when "
+                           "it wrote this checkpoint)")
     if isinstance(found, Mapping) and isinstance(found.get("model"), Mapping):
         found = found["model"]
     if not (isinstance(found, Mapping)
@@ -79,16 +96,10 @@ def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool 
         raise UsageError(f"{out} exists; nothing was written. Pass --force to replace it")
     if data is None:
         data = read_checkpoint(checkpoint)  # digest-verified, never runs code from the file
-    if is_sharded_checkpoint(data):  # every shard verified, then concatenated (R-SHARD-4)
-        try:
-            whole = consolidated_model(checkpoint, data, ema=ema)
-        except CheckpointError as exc:
-            if ema and "no EMA" in str(exc):
-                raise UsageError(f"{exc}; export without --ema for the model's own "
-                                 "weights") from None
-            raise
-    else:
-        whole = model_state(data, checkpoint, ema=ema)
+    try:
+        whole = checkpoint_model(checkpoint, data, ema=ema)
+    except NoEmaWeights as exc:
+        raise UsageError(f"{exc}; export without --ema for the model's own weights") from None
     state = {k: v.detach().clone().contiguous() for k, v in whole.items()}
     _save_atomically(state, out)
     return Exported(out, int(data["manifest"]["step"]), len(state),

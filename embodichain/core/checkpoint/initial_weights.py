@@ -52,9 +52,9 @@ class InitialWeights:
 
 def read(spec: InitFrom) -> InitialWeights:
     """The weights `spec` names, verified (raises UsageError naming the file, exit 2)."""
-    from embodichain.core.checkpoint.export import model_state
+    from embodichain.core.checkpoint.export import NoEmaWeights, checkpoint_model
     from embodichain.core.checkpoint.file import read_checkpoint
-    from embodichain.core.checkpoint.sharded import consolidated_model, is_sharded_checkpoint
+    from embodichain.core.checkpoint.sharded import is_sharded_checkpoint
 
     path = Path(spec.path)
     if path.is_dir():
@@ -74,22 +74,12 @@ def read(spec: InitFrom) -> InitialWeights:
                               spec.allow_unexpected)
     run = data["payload"].get("run", {})
     record.update(run_id=run.get("run_id"), step=int(data["manifest"]["step"]))
-    if is_sharded_checkpoint(data):  # every shard verified against the manifest
-        record["kind"] = "sharded checkpoint"
-        try:
-            state = consolidated_model(path, data, ema=spec.ema)
-        except CheckpointError as exc:
-            if spec.ema and "no EMA" in str(exc):
-                raise UsageError(f"--init-from-ema: {exc}; drop --init-from-ema for the "
-                                 "model's own weights") from None
-            raise
-    else:
-        record["kind"] = "checkpoint"
-        try:
-            state = model_state(data, path, ema=spec.ema)
-        except UsageError as exc:
-            raise UsageError(f"--init-from-ema: {str(exc).split(';')[0]}; drop "
-                             "--init-from-ema for the model's own weights") from None
+    record["kind"] = "sharded checkpoint" if is_sharded_checkpoint(data) else "checkpoint"
+    try:
+        state = checkpoint_model(path, data, ema=spec.ema)  # every shard verified
+    except NoEmaWeights as exc:
+        raise UsageError(f"--init-from-ema: {exc}; drop --init-from-ema for the model's own "
+                         "weights") from None
     return InitialWeights(state, record, spec.allow_missing, spec.allow_unexpected)
 
 

@@ -133,7 +133,3 @@ def divide_gradients(parameters: Iterable[nn.Parameter], weight: torch.Tensor) -
     grads = [local(p.grad) for p in parameters if p.grad is not None]
     if grads:
         torch._foreach_div_(grads, weight.reshape(()).clamp_min(torch.finfo(weight.dtype).tiny))
-
-
-def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)

@@ -125,6 +125,10 @@ class Learner:
         # One slot per rank for the data waits: a sum all-reduce then carries every rank's
         # own value (its largest is what starves the update), at no collective of its own.
         self._rank, self._waits = process_group.rank(), process_group.world_size()
+        # Filled in place every update; on CUDA pinned, so the copy to the device does not
+        # wait for the stream (torch.tensor(list) from pageable memory would).
+        self._host_flags = torch.zeros(2 + self._waits, dtype=torch.float32,
+                                       pin_memory=device.type == "cuda")
 
     @property
     def lr(self) -> float:
@@ -172,9 +176,9 @@ class Learner:
     def _flags(self, flags: tuple[float, float], data_wait: float) -> torch.Tensor:
         """`[stop, rank_zero_note, wait_0 .. wait_{W-1}]` (this rank's wait in its own
         slot) as the tensor that rides the update's all-reduce."""
-        waits = [0.0] * self._waits
-        waits[self._rank] = data_wait
-        return torch.tensor([*flags, *waits], dtype=torch.float32, device=self.device)
+        host = self._host_flags
+        host[0], host[1], host[2 + self._rank] = flags[0], flags[1], data_wait
+        return host.to(self.device, non_blocking=True)
 
     def _result(self, totals: list[float], skipped: bool, nonfinite: bool) -> UpdateResult:
         """The totals as weighted means (none when the weight is 0) and control values."""

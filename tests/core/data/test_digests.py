@@ -16,17 +16,7 @@ from embodichain.core.data import digests
 from embodichain.core.data.digests import cache_dir, file_digest
 from embodichain.core.data.identity_records import describe_change, record_identity
 from embodichain.core.runs.resume_policy import resume_problems
-
-
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def _listing(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*")}
+from tests.support.files import file_listing
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
@@ -41,21 +31,21 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def test_a_digest_is_cached_in_the_user_cache_and_nothing_beside_the_file(
-        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, digest_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches a digest cached beside the data (`<file>.sha256`, which crashed a read-only
     dataset and wrote into one during validate-config) and a cache never read back (every
     start hashing every byte again)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "a.bin").write_bytes(b"x" * 1000)
-    before = _listing(data)
+    before = file_listing(data)
     hashed = _counting(monkeypatch)
     first = file_digest(data / "a.bin")
     assert first == "sha256:" + hashlib.sha256(b"x" * 1000).hexdigest()
     assert file_digest(data / "a.bin") == first
     assert hashed == [data / "a.bin"]  # the second time from the cache
-    assert _listing(data) == before
-    assert list((cache / "digests").rglob("*.json"))
+    assert file_listing(data) == before
+    assert list((digest_cache / "digests").rglob("*.json"))
 
 
 def test_the_cache_directory_follows_the_environment(tmp_path: Path,
@@ -72,7 +62,7 @@ def test_the_cache_directory_follows_the_environment(tmp_path: Path,
 
 
 def test_a_replaced_file_of_the_same_size_and_mtime_is_hashed_again(tmp_path: Path,
-                                                                    cache: Path) -> None:
+                                                                    digest_cache: Path) -> None:
     """Catches a cache keyed by size and mtime alone: a file replaced by another of the same
     size with its mtime set back (another inode), and a parquet table overwritten in place
     (same inode, size and mtime; another footer) must not be taken for the old one."""
@@ -106,7 +96,7 @@ def _ask(path: str, barrier, results) -> None:
     results.put(file_digest(path))
 
 
-def test_two_processes_asking_at_once_hash_the_file_once(tmp_path: Path, cache: Path,
+def test_two_processes_asking_at_once_hash_the_file_once(tmp_path: Path, digest_cache: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Catches a digest computed by every rank on a node (no lock, or a lock taken after
     looking at the cache but not looking again): the hashing process writes a marker into
@@ -156,7 +146,7 @@ def test_a_cache_that_cannot_be_written_hashes_without_it_and_warns_once(
     assert len(warnings) == 1 and "EMBODICHAIN_CACHE_DIR" in warnings[0].getMessage()
 
 
-def test_a_resume_refused_over_the_data_names_the_files_that_changed(cache: Path) -> None:
+def test_a_resume_refused_over_the_data_names_the_files_that_changed(digest_cache: Path) -> None:
     """Catches a refusal that names two opaque identities only, where the per-file digests
     behind both were recorded on this machine."""
     record_identity("id-1", "/data", {"meta/info.json": "sha256:1", "data/a.parquet": "sha256:2",

@@ -21,6 +21,7 @@ from embodichain_models.data.lerobot.video import encode_video
 from embodichain_models.data.lerobot.writer import EpisodeData, feature, write_dataset
 
 from embodichain.core.data.identity_records import changed_files
+from tests.support.files import file_listing
 
 FPS = 10
 LENGTHS = (4, 6, 5)
@@ -48,17 +49,6 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             for v in ("v3.0", "v2.1")}
 
 
-@pytest.fixture()
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
-
-def _listing(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in root.rglob("*")}
-
-
 def _identity_before_the_cache_moved(dataset: LeRobotFrames) -> str:
     """The identity exactly as computed before this change (embodichain 0.x, digests kept
     beside the files): kept verbatim so that the default can never drift from it."""
@@ -82,25 +72,25 @@ def _identity_before_the_cache_moved(dataset: LeRobotFrames) -> str:
 
 @pytest.mark.parametrize("version", ["v3.0", "v2.1"])
 def test_the_default_identity_is_the_string_recorded_before_and_writes_nothing(
-        version: str, written: dict[str, Path], cache: Path) -> None:
+        version: str, written: dict[str, Path], digest_cache: Path) -> None:
     """Catches an upgrade that blocks a resume (the default identity's text, options or
     file digests computed differently from before, e.g. the mode named in the hashed text),
     and a digest cached inside the dataset: the dataset's listing, with mtimes, is
     unchanged and the digests sit in the user cache."""
     root = written[version]
-    before = _listing(root)
+    before = file_listing(root)
     options = {"delta_timestamps": {"action": [0.0, 0.1]}, "normalize": {"action": "mean_std"},
                "episodes": [0, 2]}
     for opts in ({}, options):
         expected = _identity_before_the_cache_moved(LeRobotFrames(root, **opts))
         assert lerobot_source(root, **opts).identity == expected
         assert lerobot_source(root, identity="content", **opts).identity == expected  # cached
-    assert _listing(root) == before
-    assert list((cache / "digests").rglob("*.json"))
+    assert file_listing(root) == before
+    assert list((digest_cache / "digests").rglob("*.json"))
 
 
 def test_the_metadata_identity_sees_headers_and_sizes_not_frame_bytes(
-        written: dict[str, Path], tmp_path: Path, cache: Path) -> None:
+        written: dict[str, Path], tmp_path: Path, digest_cache: Path) -> None:
     """Catches a metadata mode that hashes nothing of the tables or videos (a table whose
     values' range changed, a re-encoded video of the same length must change it), that
     reads every byte after all (frame bytes overwritten in place leave it unchanged: the
@@ -141,7 +131,7 @@ def test_an_unknown_identity_mode_is_refused_by_name(written: dict[str, Path]) -
 
 
 def test_a_changed_table_is_named_between_two_identities(written: dict[str, Path],
-                                                        tmp_path: Path, cache: Path) -> None:
+                                                        tmp_path: Path, digest_cache: Path) -> None:
     """Catches per-file digests not recorded with an identity (a refused resume could then
     only show two opaque digests) and files named that did not change."""
     root = Path(shutil.copytree(written["v3.0"], tmp_path / "ds"))
