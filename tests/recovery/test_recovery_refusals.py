@@ -75,13 +75,16 @@ def assert_refused_once(proc: subprocess.CompletedProcess[str], *expected: str,
 
 
 def test_refuses_a_different_world_size(sl_ddp_two_workers: Path, tmp_path: Path) -> None:
+    """Catches a world-size change allowed without trainer.global_batch_size (each rank's
+    per-worker batch would change every update's examples), and a refusal that does not
+    name the two ways on: G for a new run, --init-from to start from the weights."""
     dest = fresh_destination(tmp_path)
     unchanged = Unchanged(sl_ddp_two_workers, dest)
     recipe = write_recipe(tmp_path / "r.yaml", dest)
     proc = run_cli("train-sl", "--config", str(recipe), "--resume",
                    str(sl_ddp_two_workers / "step_100.pt"), "--no-progress")
     assert_refused_once(proc, "world_size: checkpoint 2, this run 1", "Nothing was changed",
-                        torchrun=False)
+                        "trainer.global_batch_size", "--init-from", torchrun=False)
     unchanged.check()
 
 

@@ -7,6 +7,7 @@ checkpoints load with `weights_only=True` and no allow-list (R-CKPT-1, R-CKPT-3)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import random
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -55,6 +56,30 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
         yield
     finally:
         restore_rng(saved, device)
+
+
+def continued_from(rank: int, world_size: int, saved_world_size: int) -> int:
+    """The old rank whose own state new rank `rank` continues from (R-ELASTIC-3): its own at
+    the same world size; on another world size old rank 0's (its buffers, e.g. BatchNorm
+    statistics, and its sampler position, which under G is the same on every rank)."""
+    return rank if world_size == saved_world_size else 0
+
+
+def seed_streams(seed: int) -> None:
+    """Seed this process's random streams (torch CPU and CUDA, Python, NumPy)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    if numpy is not None:
+        numpy.random.seed(seed % (2**32))
+
+
+def continued_stream_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank `rank`'s random streams (dropout, ...) when a run continues at update
+    `step` on another world size: a function of (seed, update, rank), since the old streams
+    belonged to ranks of another world. The one thing that differs from a run that was never
+    interrupted (docs/recovery.md)."""
+    digest = hashlib.sha256(f"embodichain-continued:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**32)
 
 
 def capture_buffers(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -279,19 +279,20 @@ def check_shards_here(data: Mapping[str, Any], path: Path,
 
 
 def check_compatible(data: Mapping[str, Any], path: Path | str, strategy: str,
-                     world_size: int) -> None:
-    """Refuse a checkpoint of another strategy or world size, naming the difference."""
+                     world_size: int | None) -> None:
+    """Refuse a checkpoint of another strategy or world size (None: any), naming the
+    difference."""
     saved = data["payload"]["sharded"]["strategy"] if is_sharded_checkpoint(data) else "ddp"
     saved_world = int(data["manifest"]["world_size"])
     problems = []
     if saved != strategy:
         problems.append(f"trainer.strategy: checkpoint {saved}, this run {strategy}")
-    if saved_world != world_size:
+    if world_size is not None and saved_world != world_size:
         problems.append(f"world size: checkpoint {saved_world}, this run {world_size}")
     if problems:
         raise CheckpointError(f"{path} cannot be restored here: " + "; ".join(problems)
-                              + " (resuming with another strategy or world size is not "
-                              "supported)")
+                              + " (another strategy cannot continue it; another world size "
+                              "only under trainer.global_batch_size)")
 
 
 # ----------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
 from __future__ import annotations
 
 import contextlib
-import random
 import signal
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 
 from embodichain.core.checkpoint import initial_weights
 from embodichain.core.checkpoint.initial_weights import InitFrom
+from embodichain.core.checkpoint.rank_state import seed_streams
 from embodichain.core.data.samplers import stream_seed
 from embodichain.core.distributed import determinism, process_group
 from embodichain.core.distributed.stop_request import StopRequest
@@ -73,7 +73,7 @@ def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None =
         raise UsageError("--init-from starts a new run from a checkpoint's weights and "
                          f"--resume continues one ({start.kind}); give only one of them")
     weights = initial_weights.agree(init_from) if init_from is not None else None
-    _seed_everything(recipe.config.seed)
+    seed_streams(recipe.config.seed)
     try:
         with initial_weights.pending(weights):
             trainer = recipe.factory(recipe.config, device)
@@ -126,7 +126,7 @@ class RunOpener:
             scope.callback(lock.release)
             scope.callback(trainer.close)
             # Ranks share the model init; from here on each has its own streams.
-            _seed_everything(stream_seed(config.seed, process_group.rank()) % (2**32))
+            seed_streams(stream_seed(config.seed, process_group.rank()) % (2**32))
             outcome = agree_on_start(self.recipe, trainer, self.start, lock,
                                       self.initialized_from)
             if outcome.complete is not None:
@@ -206,16 +206,6 @@ def _give_back(trainer: SupervisedTrainer, claimed: dict[str, Any]) -> bool:
         log.info("the run ended before its first update: removed what it had created in %s "
                  "(%s), so the same command can start it again", directory, ", ".join(removed))
     return bool(removed)
-
-
-def _seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    try:
-        import numpy
-        numpy.random.seed(seed % (2**32))
-    except ImportError:
-        pass
 
 
 __all__ = ["train", "resume_problems", "config_differences"]

@@ -23,6 +23,7 @@ from embodichain.core.recipe.schema import (
     flatten_keys,
     is_resumable_change,
 )
+from embodichain.core.runs.elastic import ELASTIC_KEYS, continues_on_any_world_size
 
 ABSENT = "<absent>"
 
@@ -32,13 +33,15 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
     """Each recipe difference that forbids resuming, with both values. `schema`: the
     recipe's schema (the combined one of its factory; None: the framework's alone), whose
     defaults decide the keys `saved` lacks: such a key compares as its default (what the
-    checkpoint was trained with); a section it lacks as a whole, key by key as absent."""
+    checkpoint was trained with); a section it lacks as a whole, key by key as absent.
+    Under the same global batch size the micro-batch and its count may change (elastic.py)."""
     old, new = flatten_keys(saved), flatten_keys(current)
     newer = newer_keys(saved, current, schema)
+    elastic = ELASTIC_KEYS if continues_on_any_world_size(saved, current) else ()
     problems = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, ABSENT), new.get(key, ABSENT)
-        if a == b or is_resumable_change(key):
+        if a == b or is_resumable_change(key) or key in elastic:
             continue
         prefix = _absent_prefix(saved, key)
         if prefix in newer:

@@ -34,6 +34,7 @@ from embodichain.core.recipe.best import stopped_early
 from embodichain.core.recipe.schema import config_sha256
 from embodichain.core.runs.commands import command_for, fresh_command, resume_command
 from embodichain.core.runs.config_compat import config_differences, keys_at_default, with_keys
+from embodichain.core.runs.elastic import continues_on_any_world_size, world_size_change
 from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
 from embodichain.core.runs.roll_back import roll_back
 from embodichain.core.runs.run_dir import (
@@ -104,7 +105,9 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
     DIR`), so that a world-size mismatch names the launch that fits; `schema`: the recipe's
     (config_compat.config_differences)."""
     problems = []
-    if (saved_size := snapshot.get("world_size")) != identity["world_size"]:
+    saved_size = snapshot.get("world_size")
+    if saved_size != identity["world_size"] and not continues_on_any_world_size(
+            snapshot.get("config") or {}, resolved):
         problems.append(f"world_size: checkpoint {saved_size}, this run "
                         f"{identity['world_size']} (exact recovery needs the same number of "
                         f"workers: {_launch_that_fits(saved_size, again)}; a run with "
@@ -216,6 +219,10 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
+    change = world_size_change(snapshot.run.get("world_size"), identity["world_size"],
+                               snapshot.step)
+    if change is not None:
+        identity["world_size_changes"] = [change]
     prepared = _fresh(identity, directory, lock)
     return Prepared(prepared.identity, payload_to_restore(data, checkpoint), continued=True,
                     claimed=prepared.claimed)
@@ -353,6 +360,10 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                "best": identity.get("best"),  # trainer.best may change on resume
                # and so may trainer.deterministic: whether this stretch ran deterministic
                "deterministic": bool(identity["config"]["trainer"].get("deterministic"))}
+    change = (world_size_change(snapshot.run.get("world_size"), identity["world_size"], step)
+              if snapshot is not None else None)
+    if change is not None:
+        resumed["world_size_from"] = change["from"]
     if torn is not None:
         resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:
@@ -368,6 +379,9 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
         # From this resume on, a clean stop is recorded (run_end): its absence says something.
         if not records_clean_stops(data):
             data["format_version"] = RUN_JSON_FORMAT
+        if change is not None:  # every continuation on another world size (R-ELASTIC-3)
+            data["world_size_changes"] = [*data.get("world_size_changes", []), change]
+            data["world_size"] = change["to"]
         if added:  # the stored recipe records the keys it lacked, at their defaults
             data["config"] = with_keys(data.get("config") or {}, added)
             data["config_sha256"] = config_sha256(data["config"])

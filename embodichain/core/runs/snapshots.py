@@ -17,6 +17,7 @@ from typing import Any
 from embodichain.core.checkpoint.manifest import read_manifest
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import CheckpointError, RefusedError
+from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.runs.run_dir import RUN_JSON, read_run_json
 
 
@@ -170,11 +171,12 @@ def stored_recipe(directory: Path) -> StoredRecipe:
                            + (" (it is a file)" if directory.exists() else
                               " (no such directory)"))
     snapshot = newest_snapshot(directory)
-    if snapshot is not None:
-        return StoredRecipe(snapshot.run["config"], f"{snapshot.path} (stored recipe)",
-                            snapshot)
+    if snapshot is not None:  # under G, launched again on any world size (elastic.py)
+        return StoredRecipe(without_derived_keys(snapshot.run["config"]),
+                            f"{snapshot.path} (stored recipe)", snapshot)
     stored = read_run_json(directory)  # it never saved: restart from 0 with its recipe
     if stored is None or not isinstance(stored.get("config"), dict):
         raise RefusedError(f"{directory} holds no snapshot and no {RUN_JSON} with a recipe; "
                            "it is not a run that can be continued")
-    return StoredRecipe(stored["config"], f"{directory / RUN_JSON} (stored recipe)", None)
+    return StoredRecipe(without_derived_keys(stored["config"]),
+                        f"{directory / RUN_JSON} (stored recipe)", None)

@@ -26,8 +26,10 @@ from embodichain.core.checkpoint.names import LAST, step_files, step_of
 from embodichain.core.checkpoint.rank_state import (
     capture_buffers,
     capture_rng,
+    continued_stream_seed,
     restore_buffers,
     restore_rng,
+    seed_streams,
 )
 from embodichain.core.checkpoint.writer import (
     CheckpointWriter,
@@ -182,7 +184,12 @@ def restore_rank_and_run(trainer: Checkpointed, mine: Mapping[str, Any],
     run's (step, last metrics, best-metric standing), after the learner's is loaded."""
     trainer.sampler.load_state_dict(mine["sampler"])
     restore_buffers(trainer.learner.model, mine["buffers"])
-    restore_rng(mine["rng"], device)
+    step, rank = int(payload["run"]["step"]), process_group.rank()
+    if int(payload["run"]["world_size"]) == process_group.world_size():
+        restore_rng(mine["rng"], device)
+    else:  # another world size (R-ELASTIC-3): the old streams were other ranks'
+        seed = int((payload["run"].get("config") or {}).get("seed", 0))
+        seed_streams(continued_stream_seed(seed, step, rank))
     saved = payload.get("callbacks") or {}
     for key, callback in keyed_callbacks(trainer):
         state = saved.get(key)

@@ -26,6 +26,7 @@ from embodichain.core.checkpoint.sharded import SHARD_DIRECTORY, check_compatibl
 from embodichain.core.checkpoint.writer import SaveJob
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import TrainingError
+from embodichain.core.runs.elastic import global_batch_size
 from embodichain.core.training.objective import LossResult, Objective, check_loss_result
 
 Batch = dict[str, torch.Tensor]
@@ -158,11 +159,13 @@ class Strategy(ABC):
         streams, sampler, buffers), which the trainer restores next."""
 
     def check_format(self, payload: Mapping[str, Any]) -> None:
-        """Refuse a checkpoint of another strategy or world size, naming the difference."""
+        """Refuse a checkpoint of another strategy, or of another world size unless its
+        recipe sets `trainer.global_batch_size` (the resume policy checked this run's)."""
         data = {"manifest": {"world_size": int(payload["run"]["world_size"])},
                 "payload": payload}
+        elastic = global_batch_size(payload["run"].get("config") or {}) is not None
         check_compatible(data, payload.get("sharded", {}).get(SHARD_DIRECTORY, "the checkpoint"),
-                         self.name, process_group.world_size())
+                         self.name, None if elastic else process_group.world_size())
 
     # -- validation and the end --------------------------------------------------------
 

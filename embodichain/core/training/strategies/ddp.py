@@ -9,7 +9,8 @@ gradients) of a hand-written loop, and a stop costs no collective of its own. Un
 accumulation the first K-1 backward passes run under DDP's `no_sync`, so the hook runs once.
 
 A checkpoint is one file written by rank 0: the learner's state (the same on every rank)
-and every rank's own state, gathered to rank 0 at the save. Validation runs on rank 0
+and every rank's own state, gathered to rank 0 at the save; on another world size (under
+`trainer.global_batch_size`) every new rank continues from old rank 0's. Validation runs on rank 0
 alone, on the unwrapped model, while the other ranks wait (R-VAL-1).
 """
 
@@ -25,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from embodichain.core.checkpoint.rank_state import continued_from
 from embodichain.core.checkpoint.writer import FileSave
 from embodichain.core.distributed import process_group
 from embodichain.core.training.ema import Ema
@@ -163,8 +165,9 @@ class DdpStrategy(Strategy):
                   else None)
         common = process_group.broadcast_from_rank_zero(common)
         self.check_format(common)  # every rank refuses alike, before rank 0 reads "ranks"
-        parts = ([payload["ranks"][r] for r in range(process_group.world_size())]
-                 if payload is not None else None)
+        world_size = process_group.world_size()
+        parts = ([payload["ranks"][continued_from(r, world_size, len(payload["ranks"]))]
+                  for r in range(world_size)] if payload is not None else None)
         own = process_group.scatter_from_rank_zero(parts)
         return {**common, "ranks": {process_group.rank(): own}}
 

@@ -1,0 +1,166 @@
+"""Continuing a run on another world size under `trainer.global_batch_size` (R-ELASTIC-3).
+
+A run of G = 32 (micro-batches of 8: four per update on one rank, two on each of two)
+trains to update 50 on one world size and continues to update 100 on another, with 2 data
+workers, against the run that was never interrupted. The factory
+(tests/factories/global_recording.py) has no dropout, so nothing per-rank is random and the
+two runs differ only in the order in which each update's gradients are summed.
+
+The bound: every tensor of the model and of Adam's state within a relative 1e-5
+(‖a − b‖ / ‖a‖) of the uninterrupted run's. Each update sums the same 16 per-example
+gradients in another grouping (one rank's autograd accumulation over K micro-batches against
+gloo's all-reduce over ranks): a few float32 roundings (~6e-8 relative) per update, which
+Adam, whose step divides by √v, carries forward without growing them by more than a small
+factor over 50 updates. Measured: at most 1.2e-7 (2 → 1) and 7.4e-8 (1 → 2); 1e-5 leaves two
+orders of margin, while a wrong example, augmentation or weight moves tensors by far more
+(a 1e-2 to 1e-1 difference).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, run_cli, run_torchrun
+from tests.support.data import data_env, data_recipe
+
+ELASTIC = {"factory": "global_recording:build_supervised_trainer", "trainer.batch_size": 8,
+           "trainer.global_batch_size": 32, "trainer.max_updates": 100,
+           "trainer.save_every": 50, "trainer.validate_every": 50, "trainer.log_every": 10,
+           "trainer.data_workers": 2, "data.train_size": 200, "data.val_size": 16}
+BOUND = 1e-5
+
+
+def _launch(ranks: int, *args: str, records: Path) -> None:
+    env = data_env(RECORD_DIR=str(records))
+    assert_ok(run_torchrun(*args, "--no-progress", env=env) if ranks == 2
+              else run_cli(*args, "--no-progress", env=env))
+
+
+def _records(directory: Path) -> dict[int, list[int]]:
+    """Each update's example indices in global order (rank by rank, call order)."""
+    lines = [json.loads(line) for path in sorted(directory.glob("rank*.jsonl"))
+             for line in path.read_text().splitlines()]
+    updates: dict[int, list[int]] = {}
+    for r in sorted(lines, key=lambda r: (r["step"], r["rank"])):
+        updates.setdefault(r["step"], []).extend(r["index"])
+    return updates
+
+
+def _relative_differences(a: Path, b: Path) -> dict[str, float]:
+    """‖a − b‖ / ‖a‖ of every model tensor and Adam state tensor of two checkpoints."""
+    learner_a = read_checkpoint(a)["payload"]["learner"]
+    learner_b = read_checkpoint(b)["payload"]["learner"]
+    pairs = {f"model.{k}": (v, learner_b["model"][k]) for k, v in learner_a["model"].items()}
+    for index, state in learner_a["optimizer"]["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.numel() > 1:
+                pairs[f"optimizer.{index}.{key}"] = (
+                    value, learner_b["optimizer"]["state"][index][key])
+    return {name: float((x - y).norm() / x.norm().clamp_min(1e-30))
+            for name, (x, y) in pairs.items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The runs never interrupted, on 2 ranks and on 1: {world size: run directory}."""
+    base = tmp_path_factory.mktemp("elastic")
+    runs = {}
+    for ranks in (2, 1):
+        run, records = base / f"ref{ranks}", base / f"ref{ranks}_records"
+        records.mkdir()
+        recipe = data_recipe(base / f"ref{ranks}.yaml", run, **ELASTIC)
+        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
+        runs[ranks] = run
+    return runs
+
+
+def test_two_ranks_continue_on_one_in_place(tmp_path: Path,
+                                            uninterrupted: dict[int, Path]) -> None:
+    """Catches a world-size change that is refused under G, a stored recipe whose derived
+    grad_accumulation (2 on two ranks) pins the continuation (one rank needs 4), a sampler
+    position or augmentation that depends on the world size (other examples after update
+    50), and per-rank state taken from a rank that no longer exists: two ranks train to
+    update 50, `resume RUN_DIR` on one rank continues in place to 100, and every update
+    draws the examples of the uninterrupted run, whose state it ends within the bound of
+    the module docstring; run.json records the change."""
+    run, records = tmp_path / "run", tmp_path / "records"
+    records.mkdir()
+    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, "trainer.max_updates": 50})
+    _launch(2, "train-sl", "--config", str(recipe), records=records)
+    _launch(1, "resume", str(run), "--set", "trainer.max_updates=100", records=records)
+    ref = uninterrupted[2]
+    assert _records(records) == _records(ref.parent / "ref2_records")
+    differences = _relative_differences(ref / "last.pt", run / "last.pt")
+    assert max(differences.values()) <= BOUND, differences
+    run_json = json.loads((run / "run.json").read_text())
+    assert run_json["world_size_changes"] == [{"from": 2, "to": 1, "at_update": 50}]
+    assert run_json["world_size"] == 1
+    resumed = [e for e in run_json["events"] if e["event"] == "resumed"]
+    assert resumed[-1]["world_size_from"] == 2 and resumed[-1]["world_size"] == 1
+    manifest = read_checkpoint(run / "last.pt")["manifest"]
+    assert manifest["world_size"] == 1 and manifest["step"] == 100
+
+
+def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
+                                                     uninterrupted: dict[int, Path]) -> None:
+    """Catches per-rank state scattered by old rank (a new rank 1 with no saved state), and
+    a second rank that starts its draw from update 0: a one-rank checkpoint at update 50
+    continues on two ranks into a new directory, drawing the uninterrupted run's examples
+    and ending within the bound."""
+    ref = uninterrupted[1]
+    run, records = tmp_path / "continued", tmp_path / "records"
+    records.mkdir()
+    recipe = data_recipe(tmp_path / "continued.yaml", run, **ELASTIC)
+    _launch(2, "train-sl", "--config", str(recipe), "--resume", str(ref / "step_50.pt"),
+            records=records)
+    expected = {u: x for u, x in _records(ref.parent / "ref1_records").items() if u > 50}
+    assert _records(records) == expected
+    differences = _relative_differences(ref / "last.pt", run / "last.pt")
+    assert max(differences.values()) <= BOUND, differences
+    run_json = json.loads((run / "run.json").read_text())
+    assert run_json["world_size_changes"] == [{"from": 1, "to": 2, "at_update": 50}]
+
+
+def _restored_stream(saved_world_size: int, step: int) -> torch.Tensor:
+    """What this process's torch stream draws after restoring a one-process run's state
+    from a checkpoint of `saved_world_size` ranks at update `step` (seed 7)."""
+    from types import SimpleNamespace
+
+    from embodichain.core.checkpoint.rank_state import capture_buffers, capture_rng
+    from embodichain.core.training.checkpointing import restore_rank_and_run
+
+    model = torch.nn.BatchNorm1d(2)
+    torch.manual_seed(123)
+    own = {"rng": capture_rng(torch.device("cpu")), "sampler": {}, "buffers":
+           capture_buffers(model)}
+    trainer = SimpleNamespace(sampler=SimpleNamespace(load_state_dict=lambda state: None),
+                              learner=SimpleNamespace(model=model), callbacks=[],
+                              tracker=SimpleNamespace(load_state_dict=lambda state: None))
+    torch.manual_seed(999)  # the process's streams before the restore
+    payload = {"run": {"step": step, "world_size": saved_world_size, "config": {"seed": 7}}}
+    restore_rank_and_run(trainer, own, payload, torch.device("cpu"))
+    return torch.rand(4)
+
+
+def test_own_streams_are_restored_on_the_same_world_size_and_derived_on_another() -> None:
+    """Catches saved streams restored on another world size (they were another world's
+    ranks': two new ranks would share old rank 0's dropout), and derived streams where the
+    saved ones should be restored (a same-size resume would no longer be bitwise): the
+    same size gives the saved stream; another gives (seed, update, rank)'s, which differs
+    by update."""
+    from embodichain.core.checkpoint.rank_state import continued_stream_seed
+
+    torch.manual_seed(123)
+    saved = torch.rand(4)
+    assert torch.equal(_restored_stream(1, 50), saved)
+    torch.manual_seed(continued_stream_seed(7, 50, 0))
+    derived = torch.rand(4)
+    assert torch.equal(_restored_stream(2, 50), derived)
+    assert not torch.equal(derived, saved)
+    assert not torch.equal(_restored_stream(2, 60), derived)
+    assert continued_stream_seed(7, 50, 0) != continued_stream_seed(7, 50, 1)
