@@ -245,6 +245,7 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     )
     from embodichain.core.recipe.schema import flatten_keys
     from embodichain.core.runs.config_compat import config_differences, with_keys
+    from embodichain.core.runs.elastic import continues_on_any_world_size
 
     run = _mapping(data["payload"].get("run"))
     step = int(data["manifest"]["step"])
@@ -281,11 +282,15 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     result["differences"] = config_differences(saved, current, step, schema)
     result["problems"] += _destination_problems(current, checkpoint, run, step)
     world_size = data["manifest"].get("world_size")
+    elastic = continues_on_any_world_size(saved, current)
+    if elastic:
+        result["world_sizes"] = world_sizes_that_divide(current)
     result["conditions"] = [
+        _world_size_condition(world_size, result.get("world_sizes"), current) if elastic else
         (f"launch with {world_size} workers (torchrun --nproc-per-node={world_size}, or "
          f"--nproc-per-node {world_size})" if isinstance(world_size, int) and world_size > 1
          else "launch one process, without torchrun") + "; exact recovery needs the "
-        "checkpoint's world size",
+        "checkpoint's world size (or trainer.global_batch_size in both recipes)",
         f"the factory's data must have source identity {run.get('source_identity')} "
         "(checked at launch)",
     ]
@@ -294,6 +299,23 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
     else:
         result["compatible"] = True if checked.recipe is not None else None
     return result
+
+
+def world_sizes_that_divide(config: Mapping[str, Any]) -> list[int]:
+    """The world sizes on which recipe `config` (with trainer.global_batch_size G) runs:
+    those W for which G / (W x batch_size) is a whole number."""
+    trainer = _mapping(config.get("trainer"))
+    g, b = int(trainer["global_batch_size"]), int(trainer.get("batch_size") or 1)
+    return [w for w in range(1, g // b + 1) if g % (w * b) == 0]
+
+
+def _world_size_condition(saved: Any, sizes: Sequence[int] | None,
+                          config: Mapping[str, Any]) -> str:
+    b = _mapping(config.get("trainer")).get("batch_size")
+    listed = ", ".join(str(w) for w in sizes or ())
+    return (f"launch with any of {listed} workers (trainer.global_batch_size: the checkpoint's "
+            f"{saved} or another; other world sizes with another trainer.batch_size than "
+            f"{b}); only the same world size continues bitwise")
 
 
 def _framework_keys() -> list[str]:

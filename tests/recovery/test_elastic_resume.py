@@ -164,3 +164,17 @@ def test_own_streams_are_restored_on_the_same_world_size_and_derived_on_another(
     assert not torch.equal(derived, saved)
     assert not torch.equal(_restored_stream(2, 60), derived)
     assert continued_stream_seed(7, 50, 0) != continued_stream_seed(7, 50, 1)
+
+
+def test_inspect_says_which_world_sizes_can_continue_a_checkpoint(
+        tmp_path: Path, uninterrupted: dict[int, Path]) -> None:
+    """Catches an inspect-checkpoint --config that still demands the checkpoint's world size
+    under G, or lists a world size G cannot be divided by: G = 32 with micro-batches of 8
+    runs on 1, 2 or 4 workers, and those are listed (exit 0: compatible)."""
+    recipe = data_recipe(tmp_path / "same.yaml", tmp_path / "unused", **ELASTIC)
+    proc = run_cli("inspect-checkpoint", str(uninterrupted[2] / "step_50.pt"), "--json",
+                   "--config", str(recipe), env=data_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    check = json.loads(proc.stdout)["resume"]
+    assert check["world_sizes"] == [1, 2, 4]
+    assert "any of 1, 2, 4 workers" in check["conditions"][0]
