@@ -36,6 +36,8 @@ reseeded in each, as a fresh process draws its own seed.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import faulthandler
 import inspect
 import json
 import os
@@ -47,7 +49,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run")
 # Environment variables read while those modules import (or by the interpreter at start-up):
@@ -63,6 +67,7 @@ WORKER_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 POPEN_PARAMETERS = ("self", "args", "env")
 HANDLER_MODULE = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 PROC_USERS = (HANDLER_MODULE, "torch.distributed.elastic.multiprocessing.api")
+STACKS_SIGNAL = signal.SIGUSR2  # a hung launch's processes print their stacks on it
 _base_path: list[str] = []  # the warm interpreter's sys.path, which each launch starts from
 _workdir = ""  # the warm interpreter's temporary directory (socket, log, worker sockets)
 _workers_fresh: str | None = None  # why this warm interpreter leaves torchrun's workers fresh
@@ -223,6 +228,7 @@ class WarmPython:
             try:
                 status = launch.wait(timeout)
             except subprocess.TimeoutExpired:
+                dump_stacks(launch.pid, err)  # where it hung, for the failure report
                 os.kill(launch.pid, signal.SIGKILL)
                 launch.close()
                 raise
@@ -241,6 +247,43 @@ class WarmPython:
                 self.server.kill()
         self.log.close()
         shutil.rmtree(self._dir, ignore_errors=True)  # its socket and server log
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (from /proc), parents first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # ended meanwhile
+            children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [pid]
+    while queue:
+        found.append(current := queue.pop(0))
+        queue += children.get(current, [])
+    return found
+
+
+def dump_stacks(pid: int, err: Any) -> None:
+    """Ask a hung launch's processes for their stacks (faulthandler, registered in every
+    warm child) and print them, with the process tree, to this test's stderr, which pytest
+    shows with the failure: a hang in CI is then diagnosable from its log alone."""
+    commands = []
+    for process in descendants(pid):
+        with contextlib.suppress(OSError, ValueError):
+            status = Path(f"/proc/{process}/status").read_text()
+            caught = int(status.split("SigCgt:")[1].split()[0], 16)
+            command = Path(f"/proc/{process}/cmdline").read_bytes().replace(b"\0", b" ")
+            commands.append(f"{process}: {command.decode(errors='replace')[:200]}")
+            if caught & (1 << (STACKS_SIGNAL - 1)):  # only where faulthandler listens
+                os.kill(process, STACKS_SIGNAL)
+    time.sleep(2)
+    err.seek(0)
+    print("the launch timed out; its processes:\n" + "\n".join(commands)
+          + "\n-- its stderr, with each process's stacks at the end --\n"
+          + err.read().decode(errors="replace")[-30000:], file=sys.stderr)
 
 
 _warm: WarmPython | None = None
@@ -345,8 +388,12 @@ def _child(request: dict, fds: list[int]) -> None:
                                   write_through=True)
     sys.__stdin__, sys.__stdout__, sys.__stderr__ = sys.stdin, sys.stdout, sys.stderr
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    faulthandler.unregister(STACKS_SIGNAL)  # a fork's copy, which register would not renew
     for name in ("SIGTERM", "SIGHUP", "SIGCHLD", "SIGUSR1", "SIGUSR2"):
         signal.signal(getattr(signal, name), signal.SIG_DFL)
+    # A launch that times out is asked for every thread's stack first (dump_stacks): its
+    # processes (and the data workers they fork, which inherit this) write them to stderr.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     sys.argv = [request["module"], *request["args"]]
     sys.modules.pop(request["module"], None)  # -m executes it afresh as __main__
     sys.modules["torch"].default_generator.seed()  # a fresh process draws its own seed
