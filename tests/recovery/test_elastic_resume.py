@@ -31,7 +31,8 @@ from tests.support.data import data_env, data_recipe
 ELASTIC = {"factory": "global_recording:build_supervised_trainer", "trainer.batch_size": 8,
            "trainer.global_batch_size": 32, "trainer.max_updates": 100,
            "trainer.save_every": 50, "trainer.validate_every": 50, "trainer.log_every": 10,
-           "trainer.data_workers": 2, "data.train_size": 200, "data.val_size": 16}
+           "trainer.data_workers": 2, "trainer.ema": {"decay": 0.9},
+           "data.train_size": 200, "data.val_size": 16}
 BOUND = 1e-5
 
 
@@ -52,10 +53,11 @@ def _records(directory: Path) -> dict[int, list[int]]:
 
 
 def _relative_differences(a: Path, b: Path) -> dict[str, float]:
-    """‖a − b‖ / ‖a‖ of every model tensor and Adam state tensor of two checkpoints."""
+    """‖a − b‖ / ‖a‖ of every model, EMA and Adam state tensor of two checkpoints."""
     learner_a = read_checkpoint(a)["payload"]["learner"]
     learner_b = read_checkpoint(b)["payload"]["learner"]
-    pairs = {f"model.{k}": (v, learner_b["model"][k]) for k, v in learner_a["model"].items()}
+    pairs = {f"{part}.{k}": (v, learner_b[part][k]) for part in ("model", "ema")
+             for k, v in learner_a[part].items() if v.is_floating_point()}
     for index, state in learner_a["optimizer"]["state"].items():
         for key, value in state.items():
             if isinstance(value, torch.Tensor) and value.numel() > 1:
@@ -66,35 +68,41 @@ def _relative_differences(a: Path, b: Path) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """The runs never interrupted, on 2 ranks and on 1: {world size: run directory}."""
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path]:
+    """The runs never interrupted: {world size: run directory} with replacement, and
+    {"epochs": ...} of two ranks in epochs (200 examples: 6 updates of 32 an epoch)."""
     base = tmp_path_factory.mktemp("elastic")
-    runs = {}
-    for ranks in (2, 1):
-        run, records = base / f"ref{ranks}", base / f"ref{ranks}_records"
+    runs: dict[object, Path] = {}
+    for key, ranks, sampling in ((2, 2, "with_replacement"), (1, 1, "with_replacement"),
+                                 ("epochs", 2, "epochs")):
+        run, records = base / f"ref{key}", base / f"ref{key}_records"
         records.mkdir()
-        recipe = data_recipe(base / f"ref{ranks}.yaml", run, **ELASTIC)
+        recipe = data_recipe(base / f"ref{key}.yaml", run,
+                             **{**ELASTIC, "trainer.sampling": sampling})
         _launch(ranks, "train-sl", "--config", str(recipe), records=records)
-        runs[ranks] = run
+        runs[key] = run
     return runs
 
 
-def test_two_ranks_continue_on_one_in_place(tmp_path: Path,
-                                            uninterrupted: dict[int, Path]) -> None:
+@pytest.mark.parametrize("sampling", ["with_replacement", "epochs"])
+def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[object, Path],
+                                            sampling: str) -> None:
     """Catches a world-size change that is refused under G, a stored recipe whose derived
     grad_accumulation (2 on two ranks) pins the continuation (one rank needs 4), a sampler
     position or augmentation that depends on the world size (other examples after update
     50), and per-rank state taken from a rank that no longer exists: two ranks train to
     update 50, `resume RUN_DIR` on one rank continues in place to 100, and every update
     draws the examples of the uninterrupted run, whose state it ends within the bound of
-    the module docstring; run.json records the change."""
+    the module docstring, EMA included; in epochs the continuation starts in the middle of
+    the ninth epoch; run.json records the change."""
     run, records = tmp_path / "run", tmp_path / "records"
     records.mkdir()
-    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, "trainer.max_updates": 50})
+    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, "trainer.max_updates": 50,
+                                                         "trainer.sampling": sampling})
     _launch(2, "train-sl", "--config", str(recipe), records=records)
     _launch(1, "resume", str(run), "--set", "trainer.max_updates=100", records=records)
-    ref = uninterrupted[2]
-    assert _records(records) == _records(ref.parent / "ref2_records")
+    ref = uninterrupted[2 if sampling == "with_replacement" else "epochs"]
+    assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
     run_json = json.loads((run / "run.json").read_text())
@@ -107,7 +115,7 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path,
 
 
 def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
-                                                     uninterrupted: dict[int, Path]) -> None:
+                                                     uninterrupted: dict[object, Path]) -> None:
     """Catches per-rank state scattered by old rank (a new rank 1 with no saved state), and
     a second rank that starts its draw from update 0: a one-rank checkpoint at update 50
     continues on two ranks into a new directory, drawing the uninterrupted run's examples
@@ -118,7 +126,7 @@ def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
     recipe = data_recipe(tmp_path / "continued.yaml", run, **ELASTIC)
     _launch(2, "train-sl", "--config", str(recipe), "--resume", str(ref / "step_50.pt"),
             records=records)
-    expected = {u: x for u, x in _records(ref.parent / "ref1_records").items() if u > 50}
+    expected = {u: x for u, x in _records(ref.parent / f"{ref.name}_records").items() if u > 50}
     assert _records(records) == expected
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
@@ -167,7 +175,7 @@ def test_own_streams_are_restored_on_the_same_world_size_and_derived_on_another(
 
 
 def test_inspect_says_which_world_sizes_can_continue_a_checkpoint(
-        tmp_path: Path, uninterrupted: dict[int, Path]) -> None:
+        tmp_path: Path, uninterrupted: dict[object, Path]) -> None:
     """Catches an inspect-checkpoint --config that still demands the checkpoint's world size
     under G, or lists a world size G cannot be divided by: G = 32 with micro-batches of 8
     runs on 1, 2 or 4 workers, and those are listed (exit 0: compatible)."""
