@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from embodichain.cli import (
+    check_data_cmd,
     config_cmd,
     examples,
     export_cmd,
@@ -49,6 +50,7 @@ def _options(
 
 train_cmd.register(app)
 config_cmd.register(app)
+check_data_cmd.register(app)
 inspect_cmd.register(app)
 export_cmd.register(app)
 factories_cmd.register(app)
