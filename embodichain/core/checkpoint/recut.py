@@ -34,10 +34,10 @@ from torch import nn
 
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
-    _node,
     as_param_shard,
     dim0_cut,
     local,
+    node_rank,
     shard_cuts,
 )
 from embodichain.core.distributed import process_group
@@ -166,7 +166,7 @@ def _check_file(directory: Path, rank: int, entry: Mapping[str, Any]) -> str | N
     """None when old rank `rank`'s shard file is here with the bytes the manifest recorded."""
     path, host = directory / entry["file"], entry.get("host")
     if not path.is_file():
-        if (host, entry.get("node", 0)) != (socket.gethostname(), _node()):
+        if (host, entry.get("node", 0)) != (socket.gethostname(), node_rank()):
             return (f"the shard of rank {rank} ({path}, written on host {host}) is not "
                     f"reachable from this node ({socket.gethostname()}): put it at that path "
                     "(a shared filesystem)")

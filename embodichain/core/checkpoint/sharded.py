@@ -218,13 +218,13 @@ def shard_entry(checkpoint: Mapping[str, Any], relpath: str, size: int,
     """The manifest's line for a written shard: with the digest of its file's bytes (a
     re-cut verifies a shard streaming over the file, without loading it) and its cuts."""
     entry = {"file": relpath, "sha256": checkpoint["manifest"]["payload_sha256"],
-             "bytes": int(size), "host": socket.gethostname(), "node": _node()}
+             "bytes": int(size), "host": socket.gethostname(), "node": node_rank()}
     if file_sha256 is not None:
         entry |= {"file_sha256": file_sha256, "cuts": shard_cuts(checkpoint["payload"])}
     return entry
 
 
-def _node() -> int:
+def node_rank() -> int:
     """torchrun's node rank of this process (0 alone): with the host, where a shard lives."""
     return int(os.environ.get("GROUP_RANK", "0") or 0)
 
@@ -303,7 +303,7 @@ def shards_elsewhere(data: Mapping[str, Any], path: Path) -> list[int]:
     on another node (host and torchrun node rank) and absent here."""
     if not is_sharded_checkpoint(data):
         return []
-    here = (socket.gethostname(), _node())
+    here = (socket.gethostname(), node_rank())
     return [rank for rank, entry in sorted(shard_table(data).items())
             if (entry.get("host"), entry.get("node", 0)) != here
             and not (Path(path).parent / entry["file"]).is_file()]
