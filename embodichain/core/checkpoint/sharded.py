@@ -87,11 +87,15 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer,
     optim = optimizer.state_dict()
     sharded_keys: dict[int, list[str]] = {}
     state: dict[int, dict[str, Any]] = {}
+    offsets: dict[int, dict[str, list[int]]] = {}
     for index, entry in optim["state"].items():
         state[index] = {}
         for key, value in entry.items():
             if _is_dtensor(value):
                 sharded_keys.setdefault(index, []).append(key)
+                cut = _placement(value)
+                if "offset" in cut:
+                    offsets.setdefault(index, {})[key] = _cut(cut)
             state[index][key] = local(value) if isinstance(value, torch.Tensor) else value
     names = {id(p): n for n, p in model.named_parameters()}
     return {
@@ -99,6 +103,8 @@ def shard_state(model: nn.Module, optimizer: torch.optim.Optimizer,
         "placements": placements,
         "optimizer": {"state": state, "param_groups": optim["param_groups"],
                       "sharded_keys": sharded_keys,
+                      # index -> key -> [dim-0 offset, length, global rows], as for the model
+                      "offsets": offsets,
                       # optimizer index -> parameter name, for readers (inspect)
                       "param_names": [names.get(id(p), "") for g in optimizer.param_groups
                                       for p in g["params"]]},
@@ -120,9 +126,42 @@ def _placement(value: Any) -> dict[str, Any]:
 
     dim0 = len(value.placements) == 1 and isinstance(value.placements[0], Shard) \
         and value.placements[0].dim == 0
-    return {"kind": "shard0" if dim0 else "other",
-            "placements": [repr(p) for p in value.placements],
-            "global_shape": list(value.shape)}
+    placement = {"kind": "shard0" if dim0 else "other",
+                 "placements": [repr(p) for p in value.placements],
+                 "global_shape": list(value.shape)}
+    if dim0 and value.dim() > 0:
+        placement.update(dim0_cut(value))
+    return placement
+
+
+def dim0_cut(value: Any) -> dict[str, int]:
+    """Where a dim-0-sharded DTensor's local shard lies: its first row and row count, as the
+    mesh cut it (FSDP2's chunks may be uneven or empty), read off the DTensor itself and
+    checked against its local tensor, never recomputed from a guess of the rule."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
+                                                          value.placements)
+    rows = int(value.to_local().shape[0])
+    if int(shape[0]) != rows:
+        raise CheckpointError(f"a shard of {rows} rows where the mesh places {shape[0]}: "
+                              "cannot record where it lies")
+    return {"offset": int(offset[0]), "length": rows}
+
+
+def _cut(placement: Mapping[str, Any]) -> list[int]:
+    return [placement["offset"], placement["length"], placement["global_shape"][0]]
+
+
+def shard_cuts(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest's record of where a shard's rows lie (what a re-cut on another world
+    size plans from, without opening the shard): model tensor -> [offset, length, global
+    rows] (None: replicated; "other": sharded otherwise), optimizer index -> key -> the
+    same, and whether the shard holds an EMA (sharded like the model)."""
+    model = {name: (_cut(p) if "offset" in p else None if p["kind"] == "replicated"
+                    else "other") for name, p in state["placements"].items()}
+    return {"model": model, "optimizer": state["optimizer"].get("offsets", {}),
+            "ema": state.get("ema") is not None}
 
 
 def restore_shard(model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -147,12 +186,13 @@ def restore_shard(model: nn.Module, optimizer: torch.optim.Optimizer,
     for index, entry in optim["state"].items():
         param = params[int(index)]
         sharded = set(optim["sharded_keys"].get(index, ()))
-        state[index] = {key: _as_param_shard(value, param) if key in sharded else value
+        state[index] = {key: as_param_shard(value, param) if key in sharded else value
                         for key, value in entry.items()}
     optimizer.load_state_dict({"state": state, "param_groups": optim["param_groups"]})
 
 
-def _as_param_shard(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+def as_param_shard(value: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """A local tensor of `param`'s local shape as a DTensor placed like `param`."""
     from torch.distributed.tensor import DTensor
 
     return DTensor.from_local(value.to(local(param).device), param.device_mesh,
@@ -173,13 +213,18 @@ def shard_checkpoint(run: Mapping[str, Any], rank: int, state: Mapping[str, Any]
     return make_checkpoint(payload)
 
 
-def shard_entry(checkpoint: Mapping[str, Any], relpath: str, size: int) -> dict[str, Any]:
-    """The manifest's line for a written shard."""
-    return {"file": relpath, "sha256": checkpoint["manifest"]["payload_sha256"],
-            "bytes": int(size), "host": socket.gethostname(), "node": _node()}
+def shard_entry(checkpoint: Mapping[str, Any], relpath: str, size: int,
+                file_sha256: str | None = None) -> dict[str, Any]:
+    """The manifest's line for a written shard: with the digest of its file's bytes (a
+    re-cut verifies a shard streaming over the file, without loading it) and its cuts."""
+    entry = {"file": relpath, "sha256": checkpoint["manifest"]["payload_sha256"],
+             "bytes": int(size), "host": socket.gethostname(), "node": node_rank()}
+    if file_sha256 is not None:
+        entry |= {"file_sha256": file_sha256, "cuts": shard_cuts(checkpoint["payload"])}
+    return entry
 
 
-def _node() -> int:
+def node_rank() -> int:
     """torchrun's node rank of this process (0 alone): with the host, where a shard lives."""
     return int(os.environ.get("GROUP_RANK", "0") or 0)
 
@@ -258,7 +303,7 @@ def shards_elsewhere(data: Mapping[str, Any], path: Path) -> list[int]:
     on another node (host and torchrun node rank) and absent here."""
     if not is_sharded_checkpoint(data):
         return []
-    here = (socket.gethostname(), _node())
+    here = (socket.gethostname(), node_rank())
     return [rank for rank, entry in sorted(shard_table(data).items())
             if (entry.get("host"), entry.get("node", 0)) != here
             and not (Path(path).parent / entry["file"]).is_file()]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
 from embodichain.core.checkpoint.names import BEST, LAST, step_files
+from embodichain.core.checkpoint.recut import file_sha256
 from embodichain.core.checkpoint.sharded import (
     SHARDS_DIR,
     is_sharded_checkpoint,
@@ -114,7 +115,8 @@ class ShardSave:
             target.parent.mkdir(parents=True, exist_ok=True)
             checkpoint = shard_checkpoint(self.identity, self.rank, self.shard)
             write_checkpoint(checkpoint, target)
-            return shard_entry(checkpoint, self.relpath, target.stat().st_size)
+            return shard_entry(checkpoint, self.relpath, target.stat().st_size,
+                               file_sha256(target))
         except Exception as exc:
             return {"error": f"{failure_reason(exc, target)} (shard of rank {self.rank} on "
                              f"host {socket.gethostname()})"}

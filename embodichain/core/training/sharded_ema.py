@@ -40,7 +40,8 @@ class ShardedEma:
                                  [self._source_buffers[n] for n in self._buffers])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Local shards keyed like the model's state_dict (a rank's part of the EMA)."""
+        """Local shards keyed like the model's state_dict (a rank's part of the EMA): the
+        live tensors, which a re-cut restore (checkpoint/recut.py) fills in place."""
         both = {**self._averaged, **self._buffers}
         return {k: both[k] for k in self._keys}
 

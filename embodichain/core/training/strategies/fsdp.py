@@ -13,7 +13,9 @@ picks the save's token (so shard names are unique), every rank hands its writer 
 manifest's payload. No rank ever holds the full state. A restore verifies every rank's
 shard before any rank loads anything: each rank checks its own (on several machines, each
 node reads its own copy of the run directory) and all learn every problem, so all refuse
-with the same message naming the missing or damaged shards and their hosts.
+with the same message naming the missing or damaged shards and their hosts. A checkpoint of
+another world size is re-cut on load (core/checkpoint/recut.py): each rank copies only its
+rows out of the memory-mapped old shards, after every old shard's file digest is verified.
 
 Validation runs on every rank (the sharded forward is collective); a failure on any rank
 stops that rank at once with its message, without entering another collective, and the
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from embodichain.core.checkpoint.recut import restore_recut
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
     read_shard,
@@ -143,8 +146,14 @@ class FsdpStrategy(Strategy):
         return common
 
     def restore(self, learner: Trained, payload: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Verify every rank's shard (collective), then load this rank's."""
+        """Verify every rank's shard (collective), then load this rank's. Saved by another
+        world size (allowed by `check_format`): the old shards are re-cut (recut.py) and
+        old rank 0's own state is returned (from which the trainer derives this rank's)."""
         self.check_format(payload)
+        if int(payload["run"]["world_size"]) != process_group.world_size():
+            rank_state = restore_recut(learner.model, learner.optimizer, learner.ema, payload)
+            self.load_learner_state(learner, payload["learner"])
+            return rank_state
         directory = Path(payload["sharded"][SHARD_DIRECTORY])
         data = {"manifest": {"world_size": int(payload["run"]["world_size"])},
                 "payload": payload}

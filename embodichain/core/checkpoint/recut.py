@@ -1,0 +1,302 @@
+"""Re-cutting a sharded checkpoint for another world size (R-ELASTIC-3, the FSDP side).
+
+Each shard's line in the manifest records where its rows of every dim-0-sharded tensor lie
+(`cuts`: offset, length and global rows, as FSDP2 cut them: uneven or empty chunks are read
+off the DTensors at save, never guessed) and the sha256 of its file. A rank of a world of
+another size then, with no rank ever holding the full state:
+
+1. plans from the manifest alone which old shards hold rows of its own local shards (old
+   rank 0's always: its replicated values are taken, i.e. buffers, the optimizer's step
+   counts and that rank's own state);
+2. verifies, streaming over the file (nothing loaded), every old shard it will read, and the
+   old shards that no rank reads that fall to it (old rank k: new rank k mod world size), so
+   every old shard is verified; all ranks learn every problem and refuse alike before
+   anything is loaded, naming each missing, unreachable (written on a node that is not here)
+   or damaged shard with its file and host;
+3. memory-maps one old shard at a time (`torch.load(mmap=True)`) and copies only the rows
+   that overlap its own local shards of the model, the optimizer state and the EMA.
+
+Its peak memory is its own share plus the mapped pages it reads of one old shard. Shards
+are read from this node's copy of the run directory (a shared filesystem, or the shards
+left on this node); sending them over the process group is not done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from embodichain.core.checkpoint.sharded import (
+    SHARD_DIRECTORY,
+    as_param_shard,
+    dim0_cut,
+    local,
+    node_rank,
+    shard_cuts,
+)
+from embodichain.core.distributed import process_group
+from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+
+CHUNK = 1 << 22  # bytes hashed per read: a bounded buffer, whatever the shard's size
+RUN_KEYS = ("step", "run_id", "world_size", "config_sha256")
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, streamed through one reused buffer."""
+    digest, buffer = hashlib.sha256(), bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while count := f.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def _table(payload: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    return {int(r): dict(e) for r, e in payload["sharded"]["shards"].items()}
+
+
+def recut_refusal(payload: Mapping[str, Any]) -> str | None:
+    """Why the sharded checkpoint `payload` cannot be re-cut for another world size (one
+    line), or None when it can."""
+    table = _table(payload)
+    old = [r for r, e in sorted(table.items()) if "cuts" not in e or "file_sha256" not in e]
+    if old:
+        return (f"its manifest does not record where each shard's rows lie (shards of rank(s) "
+                f"{', '.join(map(str, old))}: written by an earlier embodichain), so its shards "
+                f"cannot be re-cut; it can continue only on {len(table)} rank(s)")
+    names = table[0]["cuts"]["model"]
+    for rank, entry in table.items():
+        if entry["cuts"]["model"].keys() != names.keys():
+            return f"the shards of ranks 0 and {rank} hold different tensors"
+    for name, cut in names.items():
+        if cut == "other":
+            return f"{name} is not sharded by rows (dim 0); only dim-0 shards can be re-cut"
+        if cut is not None and not _tiles([table[r]["cuts"]["model"][name] for r in table]):
+            return f"the recorded rows of {name} do not tile it"
+    for index, keys in table[0]["cuts"]["optimizer"].items():
+        for key in keys:
+            cuts = [table[r]["cuts"]["optimizer"].get(index, {}).get(key) for r in table]
+            if None in cuts or not _tiles(cuts):
+                return f"the recorded rows of the optimizer's {key} of tensor {index} do not " \
+                       "tile it"
+    return None
+
+
+def _tiles(cuts: list[list[int]]) -> bool:
+    """Whether the non-empty [offset, length, rows] cuts, in rank order, cover 0..rows."""
+    total, position = cuts[0][2], 0
+    for offset, length, rows in cuts:
+        if rows != total or length < 0:
+            return False
+        if length:
+            if offset != position:
+                return False
+            position += length
+    return position == total
+
+
+def restore_recut(model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any,
+                  payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Load this rank's share of the sharded checkpoint `payload`, written by another world
+    size, into the sharded `model`, its `optimizer` and its `ema` (a ShardedEma or None);
+    old rank 0's own state (collective: every rank calls it)."""
+    directory = Path(payload["sharded"][SHARD_DIRECTORY])
+    world, rank = process_group.world_size(), process_group.rank()
+    where = f"the sharded checkpoint in {directory} ({len(_table(payload))} rank(s))"
+    refusal = recut_refusal(payload)  # the same payload on every rank: all refuse alike
+    if refusal is None and ema is not None and not _table(payload)[0]["cuts"]["ema"]:
+        refusal = "it holds no EMA weights (trained without trainer.ema)"
+    if refusal is not None:
+        raise CheckpointError(f"cannot continue {where} on {world} rank(s): {refusal}")
+    table = _table(payload)
+    own = model.state_dict()
+    if set(own) != set(table[0]["cuts"]["model"]):
+        saved = set(table[0]["cuts"]["model"])
+        raise CheckpointError(f"the model's tensors differ from {where}'s: model "
+                              f"{sorted(set(own) - saved)[:5]} not saved, checkpoint "
+                              f"{sorted(saved - set(own))[:5]} not in the model")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    need = _needed(table, own, params)
+    verify = sorted(need | {k for k in table if k % world == rank})
+    problems = [p for k in verify if (p := _check_file(directory, k, table[k])) is not None]
+    everyone = process_group.broadcast_from_rank_zero(process_group.gather_to_rank_zero(problems))
+    unique = list(dict.fromkeys(p for found in everyone for p in found))
+    if unique:
+        raise CheckpointError(f"cannot continue {where} on {world} rank(s): "
+                              + "; ".join(unique) + ". Nothing was loaded.")
+    return _load(directory, table, payload, sorted(need), own, params, model, optimizer, ema)
+
+
+def _needed(table: Mapping[int, Mapping[str, Any]], own: Mapping[str, Any],
+            params: list[torch.Tensor]) -> set[int]:
+    """The old ranks whose shards hold rows of this rank's local shards (and old rank 0)."""
+    need = {0}
+    mine = {n: _own_cut(v) for n, v in own.items()}
+    by_index = [_own_cut(p) for p in params]
+    for k, entry in table.items():
+        cuts = entry["cuts"]
+        if any(_overlap(cut, mine[n]) for n, cut in cuts["model"].items() if cut):
+            need.add(k)
+        elif any(_overlap(cut, by_index[int(i)]) for i, keys in cuts["optimizer"].items()
+                 for cut in keys.values()):
+            need.add(k)
+    return need
+
+
+def _own_cut(value: Any) -> tuple[int, int] | None:
+    cut = dim0_cut(value) if value.dim() > 0 and hasattr(value, "device_mesh") else None
+    return (cut["offset"], cut["length"]) if cut else None
+
+
+def _overlap(cut: list[int] | None, mine: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The global rows [a, b) that an old cut and this rank's share both hold, or None."""
+    if not cut or mine is None:
+        return None
+    a, b = max(cut[0], mine[0]), min(cut[0] + cut[1], mine[0] + mine[1])
+    return (a, b) if a < b else None
+
+
+def _check_file(directory: Path, rank: int, entry: Mapping[str, Any]) -> str | None:
+    """None when old rank `rank`'s shard file is here with the bytes the manifest recorded."""
+    path, host = directory / entry["file"], entry.get("host")
+    if not path.is_file():
+        if (host, entry.get("node", 0)) != (socket.gethostname(), node_rank()):
+            return (f"the shard of rank {rank} ({path}, written on host {host}) is not "
+                    f"reachable from this node ({socket.gethostname()}): put it at that path "
+                    "(a shared filesystem)")
+        return f"the shard of rank {rank} is missing: {path} (written on host {host})"
+    if file_sha256(path) != entry["file_sha256"]:
+        return (f"the shard of rank {rank} ({path}, written on host {host}) is corrupt: its "
+                "bytes do not match the manifest's digest of it")
+    return None
+
+
+def _mapped(path: Path) -> dict[str, Any]:
+    """A shard file's dict with its tensors memory-mapped (pages read only when touched)."""
+    return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["payload"]
+
+
+def _load(directory: Path, table: Mapping[int, Mapping[str, Any]], payload: Mapping[str, Any],
+          need: list[int], own: Mapping[str, Any], params: list[torch.Tensor],
+          model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any) -> dict[str, Any]:
+    ema_state = ema.state_dict() if ema is not None else None  # its live local tensors
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt: dict[str, Any] = {}
+    copied: dict[tuple, int] = {}
+    for k in need:  # old rank 0 first: the structure and the replicated values
+        shard = _mapped(directory / table[k]["file"])
+        path = directory / table[k]["file"]
+        _check_identity(shard, payload, k, table[k], path)
+        if k == 0:
+            opt = _from_rank_zero(shard, own, ema_state, params,
+                                  [names.get(id(p), "") for p in params], path)
+        _copy_rows(shard, table[k]["cuts"], own, ema_state, opt, params, copied)
+        del shard  # unmapped before the next one is mapped
+    for key, rows in _expected(own, ema_state, opt, params).items():
+        if copied.get(key, 0) != rows:
+            raise CheckpointCorruptError(f"{directory}: the old shards gave "
+                                         f"{copied.get(key, 0)} of the {rows} rows of {key} "
+                                         "on this rank")
+    state = {i: {key: as_param_shard(v, params[i]) if key in opt["sharded"].get(i, ()) else v
+                 for key, v in entry.items()} for i, entry in opt["state"].items()}
+    optimizer.load_state_dict({"state": state, "param_groups": opt["param_groups"]})
+    return opt["rank_state"]
+
+
+def _check_identity(shard: Mapping[str, Any], payload: Mapping[str, Any], rank: int,
+                    entry: Mapping[str, Any], path: Path) -> None:
+    mine, run = shard["run"], payload["run"]
+    for key in RUN_KEYS:
+        if mine.get(key) != run.get(key):
+            raise CheckpointCorruptError(f"shard of rank {rank} ({path}) belongs to another "
+                                         f"checkpoint: {key} {mine.get(key)!r}, manifest "
+                                         f"{run.get(key)!r}")
+    if mine.get("rank") != rank or shard_cuts(shard) != entry["cuts"]:
+        raise CheckpointCorruptError(f"{path} is not the shard the manifest recorded for "
+                                     f"rank {rank}")
+
+
+def _from_rank_zero(shard: Mapping[str, Any], own: Mapping[str, Any], ema_state: Any,
+                    params: list[torch.Tensor], param_names: list[str], path: Path
+                    ) -> dict[str, Any]:
+    """From old rank 0: shapes checked, replicated tensors copied (buffers, the EMA's), the
+    optimizer's state allocated at this rank's size with its replicated values, and that
+    rank's own state; all copied out of the mapping."""
+    for name, placement in shard["placements"].items():
+        if tuple(placement["global_shape"]) != tuple(own[name].shape):
+            raise CheckpointError(f"{name}: the model's is {tuple(own[name].shape)}, the "
+                                  f"checkpoint's {tuple(placement['global_shape'])} ({path})")
+    with torch.no_grad():
+        for name, placement in shard["placements"].items():
+            if "offset" not in placement:
+                local(own[name]).copy_(shard["model"][name])
+                if ema_state is not None:
+                    ema_state[name].copy_(shard["ema"][name])
+    saved = shard["optimizer"]
+    if list(saved["param_names"]) != param_names:
+        raise CheckpointError(f"the optimizer's tensors differ from the checkpoint's ({path}): "
+                              f"{param_names[:5]} against {list(saved['param_names'])[:5]}")
+    sharded = {int(i): set(keys) for i, keys in saved["sharded_keys"].items()}
+    state: dict[int, dict[str, Any]] = {}
+    for index, entry in saved["state"].items():
+        param = local(params[int(index)])
+        state[int(index)] = {
+            key: torch.empty((param.shape[0], *value.shape[1:]), dtype=value.dtype,
+                             device=param.device)
+            if key in sharded.get(int(index), ()) else _owned(value)
+            for key, value in entry.items()}
+    return {"state": state, "sharded": sharded, "param_groups": _owned(saved["param_groups"]),
+            "rank_state": _owned(shard["rank_state"])}
+
+
+def _copy_rows(shard: Mapping[str, Any], cuts: Mapping[str, Any], own: Mapping[str, Any],
+               ema_state: Any, opt: Mapping[str, Any], params: list[torch.Tensor],
+               copied: dict[tuple, int]) -> None:
+    """Copy the rows of this old shard that this rank's local shards hold."""
+    pairs = []
+    for name, cut in cuts["model"].items():
+        span = _overlap(cut, mine := _own_cut(own[name]))
+        if span is not None:
+            pairs.append((local(own[name]), shard["model"][name], cut, mine, (name,)))
+            if ema_state is not None:
+                pairs.append((ema_state[name], shard["ema"][name], cut, mine, ("ema", name)))
+    for index, keys in cuts["optimizer"].items():
+        mine = _own_cut(params[int(index)])
+        for key, cut in keys.items():
+            if _overlap(cut, mine) is not None:
+                saved = shard["optimizer"]["state"][index][key]
+                pairs.append((opt["state"][int(index)][key], saved, cut, mine,
+                              (int(index), key)))
+    with torch.no_grad():
+        for target, source, cut, mine, key in pairs:
+            a, b = _overlap(cut, mine)
+            target[a - mine[0]:b - mine[0]].copy_(source[a - cut[0]:b - cut[0]])
+            copied[key] = copied.get(key, 0) + (b - a)
+
+
+def _expected(own: Mapping[str, Any], ema_state: Any, opt: Mapping[str, Any],
+              params: list[torch.Tensor]) -> dict[tuple, int]:
+    """The rows each of this rank's local shards must have received."""
+    rows = {(n,): cut[1] for n, v in own.items() if (cut := _own_cut(v))}
+    if ema_state is not None:
+        rows |= {("ema", n): count for (n,), count in rows.items()}
+    for index, keys in opt["sharded"].items():
+        rows |= {(index, key): local(params[index]).shape[0] for key in keys}
+    return rows
+
+
+def _owned(value: Any) -> Any:
+    """`value` with every tensor copied out of the mapped file (nothing keeps it mapped)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _owned(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_owned(v) for v in value)
+    return value
