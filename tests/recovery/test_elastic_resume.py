@@ -2,7 +2,8 @@
 
 A run of G = 32 (micro-batches of 8: four per update on one rank, two on each of two)
 trains to update 50 on one world size and continues to update 100 on another, with 2 data
-workers, against the run that was never interrupted. The factory
+workers and an EMA, under DDP and under FSDP (whose shards are then re-cut on load),
+against the run that was never interrupted. The factory
 (tests/factories/global_recording.py) has no dropout, so nothing per-rank is random and the
 two runs differ only in the order in which each update's gradients are summed.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from embodichain.core.checkpoint.export import checkpoint_model
 from embodichain.core.checkpoint.file import read_checkpoint
 from tests.support import assert_ok, run_cli, run_torchrun
 from tests.support.data import data_env, data_recipe
@@ -34,6 +36,7 @@ ELASTIC = {"factory": "global_recording:build_supervised_trainer", "trainer.batc
            "trainer.data_workers": 2, "trainer.ema": {"decay": 0.9},
            "data.train_size": 200, "data.val_size": 16}
 BOUND = 1e-5
+FSDP = {"trainer.strategy": "fsdp"}
 
 
 def _launch(ranks: int, *args: str, records: Path) -> None:
@@ -53,40 +56,46 @@ def _records(directory: Path) -> dict[int, list[int]]:
 
 
 def _relative_differences(a: Path, b: Path) -> dict[str, float]:
-    """‖a − b‖ / ‖a‖ of every model, EMA and Adam state tensor of two checkpoints."""
-    learner_a = read_checkpoint(a)["payload"]["learner"]
-    learner_b = read_checkpoint(b)["payload"]["learner"]
-    pairs = {f"{part}.{k}": (v, learner_b[part][k]) for part in ("model", "ema")
-             for k, v in learner_a[part].items() if v.is_floating_point()}
-    for index, state in learner_a["optimizer"]["state"].items():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
-                pairs[f"optimizer.{index}.{key}"] = (
-                    value, learner_b["optimizer"]["state"][index][key])
+    """‖a − b‖ / ‖a‖ of every model and EMA tensor of two checkpoints (sharded ones
+    consolidated), and of every Adam state tensor of unsharded ones."""
+    data_a, data_b = read_checkpoint(a), read_checkpoint(b)
+    pairs = {}
+    for ema in (False, True):
+        full_a, full_b = checkpoint_model(a, data_a, ema=ema), checkpoint_model(b, data_b, ema=ema)
+        pairs.update({f"{'ema' if ema else 'model'}.{k}": (v, full_b[k])
+                      for k, v in full_a.items() if v.is_floating_point()})
+    if "learner" in data_a["payload"] and "optimizer" in data_a["payload"]["learner"]:
+        state_a = data_a["payload"]["learner"]["optimizer"]["state"]
+        state_b = data_b["payload"]["learner"]["optimizer"]["state"]
+        for index, state in state_a.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.numel() > 1:
+                    pairs[f"optimizer.{index}.{key}"] = (value, state_b[index][key])
     return {name: float((x - y).norm() / x.norm().clamp_min(1e-30))
             for name, (x, y) in pairs.items()}
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path]:
-    """The runs never interrupted: {world size: run directory} with replacement, and
-    {"epochs": ...} of two ranks in epochs (200 examples: 6 updates of 32 an epoch)."""
+    """The runs never interrupted: {world size: run directory} with replacement,
+    {"epochs": ...} of two ranks in epochs (200 examples: 6 updates of 32 an epoch), and
+    {"fsdp<world size>": ...} sharded."""
     base = tmp_path_factory.mktemp("elastic")
     runs: dict[object, Path] = {}
-    for key, ranks, sampling in ((2, 2, "with_replacement"), (1, 1, "with_replacement"),
-                                 ("epochs", 2, "epochs")):
+    for key, ranks, changes in ((2, 2, {}), (1, 1, {}),
+                                ("epochs", 2, {"trainer.sampling": "epochs"}),
+                                ("fsdp2", 2, FSDP), ("fsdp1", 1, FSDP)):
         run, records = base / f"ref{key}", base / f"ref{key}_records"
         records.mkdir()
-        recipe = data_recipe(base / f"ref{key}.yaml", run,
-                             **{**ELASTIC, "trainer.sampling": sampling})
+        recipe = data_recipe(base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
         _launch(ranks, "train-sl", "--config", str(recipe), records=records)
         runs[key] = run
     return runs
 
 
-@pytest.mark.parametrize("sampling", ["with_replacement", "epochs"])
+@pytest.mark.parametrize("variant", ["with_replacement", "epochs", "fsdp"])
 def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[object, Path],
-                                            sampling: str) -> None:
+                                            variant: str) -> None:
     """Catches a world-size change that is refused under G, a stored recipe whose derived
     grad_accumulation (2 on two ranks) pins the continuation (one rank needs 4), a sampler
     position or augmentation that depends on the world size (other examples after update
@@ -94,14 +103,17 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[
     update 50, `resume RUN_DIR` on one rank continues in place to 100, and every update
     draws the examples of the uninterrupted run, whose state it ends within the bound of
     the module docstring, EMA included; in epochs the continuation starts in the middle of
-    the ninth epoch; run.json records the change."""
+    the ninth epoch; under FSDP the two shards are re-cut into one; run.json records the
+    change."""
     run, records = tmp_path / "run", tmp_path / "records"
     records.mkdir()
-    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, "trainer.max_updates": 50,
-                                                         "trainer.sampling": sampling})
+    changes = {"with_replacement": {}, "epochs": {"trainer.sampling": "epochs"},
+               "fsdp": FSDP}[variant]
+    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, **changes,
+                                                         "trainer.max_updates": 50})
     _launch(2, "train-sl", "--config", str(recipe), records=records)
     _launch(1, "resume", str(run), "--set", "trainer.max_updates=100", records=records)
-    ref = uninterrupted[2 if sampling == "with_replacement" else "epochs"]
+    ref = uninterrupted[{"with_replacement": 2, "epochs": "epochs", "fsdp": "fsdp2"}[variant]]
     assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
@@ -114,16 +126,19 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[
     assert manifest["world_size"] == 1 and manifest["step"] == 100
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
-                                                     uninterrupted: dict[object, Path]) -> None:
+                                                     uninterrupted: dict[object, Path],
+                                                     strategy: str) -> None:
     """Catches per-rank state scattered by old rank (a new rank 1 with no saved state), and
     a second rank that starts its draw from update 0: a one-rank checkpoint at update 50
     continues on two ranks into a new directory, drawing the uninterrupted run's examples
-    and ending within the bound."""
-    ref = uninterrupted[1]
+    and ending within the bound; under FSDP the one shard is re-cut into two."""
+    ref = uninterrupted[1 if strategy == "ddp" else "fsdp1"]
     run, records = tmp_path / "continued", tmp_path / "records"
     records.mkdir()
-    recipe = data_recipe(tmp_path / "continued.yaml", run, **ELASTIC)
+    recipe = data_recipe(tmp_path / "continued.yaml", run,
+                         **{**ELASTIC, **(FSDP if strategy == "fsdp" else {})})
     _launch(2, "train-sl", "--config", str(recipe), "--resume", str(ref / "step_50.pt"),
             records=records)
     expected = {u: x for u, x in _records(ref.parent / f"{ref.name}_records").items() if u > 50}
