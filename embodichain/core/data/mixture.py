@@ -10,13 +10,13 @@ instead of uniformly; a source without `parts` samples exactly as before.
   function of (seed, update, rank) and the position in it; under G of (seed, update) and the
   global position (a `GlobalDraw`), so every world size draws the same examples.
 - `sampling: epochs`: an epoch has as many examples as the whole corpus, N = Σ size_i, of
-  which part i gives n_i = N·w_i/Σw (rounded by largest remainder so that Σ n_i = N). A
-  part's examples come from a running sequence of its own seeded permutations, epoch e
-  taking the n_i after those of epochs 0..e-1: a part weighted above its size is
-  up-sampled (each example about n_i/size_i times an epoch), one below it down-sampled
-  (its examples all come once before any comes twice, over successive epochs). The
-  epoch's N examples are then shuffled by the epoch's permutation and dealt out as in the
-  uniform case.
+  which part i gives n_i = N·w_i/Σw (rounded by largest remainder so that Σ n_i = N).
+  With n_i = k·size_i + r (0 ≤ r < size_i), every example of the part comes k times in the
+  epoch (k whole seeded permutations: up-sampling) and r more from a running sequence of
+  the part's seeded permutations, epoch e taking the r after those of epochs 0..e-1 (so a
+  down-sampled part, k = 0, shows all its examples once before any twice across epochs,
+  and over many epochs every example comes equally often). The epoch's N examples are
+  then shuffled by the epoch's permutation and dealt out as in the uniform case.
 
 Every draw is stateless in the update, so a sampler's state is still its position and the
 loader's guarantees (any worker count, exact resume) hold unchanged.
@@ -108,18 +108,21 @@ class Parts:
         chosen = []
         for i, (n, size, offset) in enumerate(zip(self.epoch_counts(), self.sizes,
                                                    self.offsets, strict=True)):
-            start, end = epoch * n, (epoch + 1) * n
-            pieces = []
+            whole, rest = divmod(n, size)
+            pieces = [_permutation(size, seed, i, f"epoch-{epoch}-{k}") for k in range(whole)]
+            start, end = epoch * rest, (epoch + 1) * rest  # the rest: a running sequence
             for cycle in range(start // size, -(-end // size)):
-                generator = torch.Generator().manual_seed(
-                    _seed("embodichain-mixture-cycle", seed, i, cycle))
-                permutation = torch.randperm(size, generator=generator)
                 lo, hi = max(start - cycle * size, 0), min(end - cycle * size, size)
-                pieces.append(permutation[lo:hi])
+                pieces.append(_permutation(size, seed, i, f"cycle-{cycle}")[lo:hi])
             if pieces:
                 chosen.append(torch.cat(pieces) + offset)
         order = torch.cat(chosen)
         return order[epoch_permutation(seed, epoch, len(order))]
+
+
+def _permutation(size: int, seed: int, part: int, label: str) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(_seed("embodichain-mixture", seed, part, label))
+    return torch.randperm(size, generator=generator)
 
 
 def parts_of(source: object) -> Parts | None:

@@ -115,7 +115,8 @@ def check_batchable(names: Sequence[str], datasets: Sequence[Any]) -> None:
     first = _tensors(datasets[0][0])
     for name, dataset in zip(names[1:], datasets[1:], strict=True):
         other = _tensors(dataset[0])
-        for key in sorted(set(first) ^ set(other)):
+        odd = [k for k in first if k not in other] + [k for k in other if k not in first]
+        for key in odd[:1]:  # a key of the first part's it lacks, else one of its own
             has, lacks = (names[0], name) if key in first else (name, names[0])
             raise LeRobotFormatError(
                 f"mixture part {lacks!r} has no {key!r}, which part {has!r} has: map one of "
