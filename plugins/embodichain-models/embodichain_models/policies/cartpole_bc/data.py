@@ -27,6 +27,8 @@ class BcData:
     """Held-out examples by part name ("" for a single dataset)."""
     stats: dict[str, dict[str, np.ndarray]]
     """The statistics the policy scales by (a mixture's pooled, or its first part's)."""
+    size: int
+    """The camera's image size (of the first part), from its metadata."""
 
 
 def dataset_options(config: BcConfig, fps: int) -> dict:
@@ -56,8 +58,11 @@ def bc_data(config: BcConfig) -> BcData:
         train, held = _split(data.root, None, data.val_episodes)
         source = lerobot_source(data.root, episodes=train, identity=data.identity, **options)
         return BcData(source, {"": LeRobotFrames(data.root, episodes=held, **options)},
-                      meta.stats)
-    options = dataset_options(config, read_meta(data.mixture[0].root).fps)
+                      meta.stats, int(meta.features[IMAGE_KEY]["shape"][0]))
+    first = read_meta(data.mixture[0].root)
+    theirs = {ours: their for their, ours in data.mixture[0].rename.items()}
+    size = int(first.features[theirs.get(IMAGE_KEY, IMAGE_KEY)]["shape"][0])
+    options = dataset_options(config, first.fps)
     common = {"names": [p.name for p in data.mixture], "normalization": data.normalization}
     if data.normalization == "pooled":
         common["normalize"] = options.pop("normalize")
@@ -72,7 +77,7 @@ def bc_data(config: BcConfig) -> BcData:
     stats = [stats_of(d) for d in source.dataset.datasets]
     pooled = aggregate_stats(stats) if data.normalization == "pooled" else stats[0]
     return BcData(source, {p.name: _PartView(held_out, i) for i, p in
-                           enumerate(data.mixture)}, pooled)
+                           enumerate(data.mixture)}, pooled, size)
 
 
 class _PartView:

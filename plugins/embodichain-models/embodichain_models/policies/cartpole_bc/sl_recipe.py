@@ -19,7 +19,6 @@ from embodichain.learning.sl import SupervisedTrainer, UsageError
 from embodichain_models.data.lerobot import LeRobotFormatError
 from embodichain_models.policies.cartpole_bc.data import bc_data
 from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy, objective
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.rollout import ClosedLoop
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
 
@@ -28,10 +27,9 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
     data = config.data
     try:
         bc = bc_data(config)
-        size = int(next(iter(bc.held_out.values()))[0][IMAGE_KEY].shape[-1])
     except (LeRobotFormatError, ImportError) as exc:
         raise UsageError(str(exc)) from None
-    source, stats = bc.source, bc.stats
+    source, stats, size = bc.source, bc.stats, bc.size
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
                         config.model.hidden, state_std[[0, 2, 3]].clamp_min(1e-3),
