@@ -10,6 +10,7 @@ import torch
 from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.global_order import global_sampler
 from embodichain.core.data.loader import BatchLoader
+from embodichain.core.data.mixture import mixture_global_sampler, mixture_sampler, parts_of
 from embodichain.core.data.samplers import Sampler, make_sampler
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
@@ -22,6 +23,11 @@ def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
     # trains on the examples K=1 with batch 32 does.
     t = config.trainer
     rank, world_size = process_group.rank(), process_group.world_size()
+    # A mixture's parts are drawn by weight (R-SCALE-3); any other source as always.
+    parts = parts_of(source)
+    if parts is not None and parts.total != len(source):
+        raise UsageError(f"the source's parts hold {parts.total} examples, the source "
+                         f"{len(source)}")
     if t.global_batch_size is not None:
         # Under G the order is the world's, not the rank's (R-ELASTIC-2); a recipe loaded
         # for another world size is refused here, before training (ValueError names G).
@@ -29,8 +35,14 @@ def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:
             t.micro_batches_per_update(world_size)
         except ValueError as exc:
             raise UsageError(f"{exc}. Nothing was trained") from None
+        if parts is not None:
+            return mixture_global_sampler(parts, t.sampling, t.global_batch_size,
+                                          config.seed, rank, world_size)
         return global_sampler(t.sampling, len(source), t.global_batch_size, config.seed,
                               rank, world_size)
+    if parts is not None:
+        return mixture_sampler(parts, t.sampling, t.batch_size * t.grad_accumulation,
+                               config.seed, rank, world_size)
     return make_sampler(t.sampling, len(source), t.batch_size * t.grad_accumulation,
                         config.seed, rank, world_size)
 

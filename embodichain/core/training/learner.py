@@ -73,6 +73,7 @@ class UpdateResult:
     stop: float
     rank_zero_note: float
     data_waits: tuple[float, ...] = ()
+    part_counts: tuple[float, ...] = ()  # a mixture's examples per part, summed over ranks
 
     @property
     def loss(self) -> float | None:
@@ -137,15 +138,16 @@ class Learner:
 
     def update(self, objective: Objective, batches: Batch | Sequence[Batch], *,
                stop: float = 0.0, rank_zero_note: float = 0.0,
-               data_wait: float = 0.0) -> UpdateResult:
+               data_wait: float = 0.0, part_counts: Sequence[float] = ()) -> UpdateResult:
         """One optimizer update over one batch or a sequence of micro-batches.
 
         `stop` (this rank's stop flag), `rank_zero_note` (rank 0's note to every rank: a
         time-based save is due, a background save failed) and `data_wait` (this rank's
         seconds waiting for the batches) ride the update's all-reduce: the first two come
-        back summed over ranks, the waits one per rank.
+        back summed over ranks, the waits one per rank; `part_counts` (a mixture's examples
+        of each part in this rank's batches, the same length on every rank) summed.
         """
-        flags = self._flags((stop, rank_zero_note), data_wait)
+        flags = self._flags((stop, rank_zero_note), data_wait, part_counts)
         totals = self.strategy.accumulate(
             self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
             self._local_statistics, flags, self.scaler)
@@ -161,7 +163,7 @@ class Learner:
                 self.ema.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._result(totals, skipped, nonfinite)
+        return self._result(totals, skipped, nonfinite, len(part_counts))
 
     def _local_statistics(self, result: LossResult) -> torch.Tensor:
         """`[w, w * loss, w * metric...]` of one micro-batch."""
@@ -173,15 +175,25 @@ class Learner:
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
         return torch.stack([v.reshape(()) for v in values])
 
-    def _flags(self, flags: tuple[float, float], data_wait: float) -> torch.Tensor:
-        """`[stop, rank_zero_note, wait_0 .. wait_{W-1}]` (this rank's wait in its own
-        slot) as the tensor that rides the update's all-reduce."""
+    def _flags(self, flags: tuple[float, float], data_wait: float,
+               part_counts: Sequence[float] = ()) -> torch.Tensor:
+        """`[stop, rank_zero_note, wait_0 .. wait_{W-1}, count_0 ..]` (this rank's wait in
+        its own slot, its part counts last) as the tensor that rides the update's
+        all-reduce."""
+        size = 2 + self._waits + len(part_counts)
+        if len(self._host_flags) != size:  # a mixture's counts: sized once, on first use
+            self._host_flags = torch.zeros(size, dtype=torch.float32,
+                                           pin_memory=self._host_flags.is_pinned())
         host = self._host_flags
         host[0], host[1], host[2 + self._rank] = flags[0], flags[1], data_wait
+        if part_counts:
+            host[2 + self._waits:] = torch.tensor(part_counts, dtype=torch.float32)
         return host.to(self.device, non_blocking=True)
 
-    def _result(self, totals: list[float], skipped: bool, nonfinite: bool) -> UpdateResult:
+    def _result(self, totals: list[float], skipped: bool, nonfinite: bool,
+                parts: int = 0) -> UpdateResult:
         """The totals as weighted means (none when the weight is 0) and control values."""
+        totals, counts = (totals[:len(totals) - parts], totals[len(totals) - parts:])
         statistics, (stop, note), waits = (totals[:-2 - self._waits],
                                            totals[-2 - self._waits:-self._waits],
                                            totals[-self._waits:])
@@ -192,7 +204,7 @@ class Learner:
             for name, value in zip(self.metric_names or [], statistics[2:], strict=True):
                 metrics[name] = value / weight
         return UpdateResult(metrics, weight, skipped, nonfinite, float(stop), float(note),
-                            tuple(waits))
+                            tuple(waits), tuple(counts))
 
     # -- state ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.names import LAST, step_filename
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.checkpoint.writer import SAVE_DUE, SAVE_FAILED
+from embodichain.core.data.mixture import part_counts, part_metrics
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
@@ -192,11 +193,13 @@ class SupervisedTrainer:
         its data ride its all-reduce."""
         with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
             started = time.perf_counter()
+            counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
             batches = self.loader.next_update()
             return self.learner.update(self.objective, batches,
                                        stop=stop.flag if stop is not None else 0.0,
                                        rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=time.perf_counter() - started)
+                                       data_wait=time.perf_counter() - started,
+                                       part_counts=counts)
 
     @property
     def stops_early(self) -> bool:
@@ -213,6 +216,7 @@ class SupervisedTrainer:
                   **({"train/nonfinite": 1.0} if result.nonfinite else {})}
         record["train/lr"] = self.learner.lr
         record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
+        record.update(part_metrics(self.sampler, result.part_counts))  # a mixture's parts
         record["time/updates_per_s"] = progress.rate(self.step)
         record["time/elapsed_s"] = progress.elapsed()
         record.update(pace.metrics())

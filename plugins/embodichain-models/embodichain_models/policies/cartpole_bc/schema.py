@@ -6,7 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, Strict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    Strict,
+    model_validator,
+)
 
 from embodichain.learning.sl import Section
 
@@ -30,9 +39,29 @@ class ModelSection(Section):
     hidden: PositiveInt = 256
 
 
-class DataSection(Section):
+class MixturePart(Section):
+    """One dataset of a mixture (`data.mixture`)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
+    """Names its metrics: `train/examples/<name>`, `validation/<name>/action_mse`."""
     root: DatasetRoot
-    """The LeRobot v3.0 dataset written by the prepare command."""
+    weight: PositiveFloat = 1.0
+    """Examples are drawn from it with probability weight / (sum of the weights)."""
+    episodes: list[int] | None = None
+    """Its episodes to use (default all); the last `data.val_episodes` are held out."""
+    rename: dict[str, str] = Field(default_factory=dict)
+    """Its feature names mapped to the recipe's: `{their_key: our_key}`."""
+
+
+class DataSection(Section):
+    root: DatasetRoot | None = None
+    """The LeRobot v3.0 dataset written by the prepare command (or `mixture`)."""
+    mixture: list[MixturePart] | None = Field(default=None, min_length=1)
+    """Several datasets mixed by weight, instead of `root`; windows are in seconds at the
+    first part's fps (a part whose fps cannot take them whole is refused)."""
+    normalization: Literal["per_part", "pooled"] = "pooled"
+    """A mixture's action normalisation: each part's own statistics, or pooled across the
+    parts (count-weighted). The policy's forces use the pooled (or the first part's)."""
     val_episodes: PositiveInt = 10
     """The last N episodes are held out (their action error is validated)."""
     frames: PositiveInt = 2
@@ -45,6 +74,17 @@ class DataSection(Section):
     """What the data's identity digests (a resume with other data is refused): "content",
     every byte (each file hashed once per machine, then cached), or "metadata", for data
     too large to hash: meta/, table footers and video headers only (see docs/lerobot.md)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSection:
+        if (self.root is None) == (self.mixture is None):
+            raise ValueError("give data.root (one dataset) or data.mixture (a list of "
+                             "{name, root, weight, episodes}), not both or neither")
+        if self.mixture is not None:
+            names = [p.name for p in self.mixture]
+            if len(set(names)) != len(names):
+                raise ValueError(f"data.mixture: part names must differ, got {names}")
+        return self
 
 
 class ValidationSection(Section):

@@ -1,11 +1,13 @@
 """Factory of the cart-pole behaviour-cloning recipe (entry point `cartpole_bc`).
 
-The training source is the LeRobot dataset's episodes but the last `data.val_episodes`:
+The training source is the LeRobot dataset's episodes but the last `data.val_episodes`
+(or a weighted mixture of datasets, `data.mixture`, each part holding out its last ones):
 each example holds the last `data.frames` camera frames (video, decoded by the DataLoader
 workers), the state, and the chunk of the next `data.chunk` forces normalised with
 `meta/stats.json`, with `action_is_pad` past the episode's end. Validation on rank 0: the
 held-out episodes' action error and the closed-loop success rate in the simulator (the
-best metric, higher is better).
+best metric, higher is better); a mixture's action error also part by part
+(`validation/<name>/action_mse`).
 """
 
 from __future__ import annotations
@@ -14,43 +16,20 @@ import torch
 from torch import nn
 
 from embodichain.learning.sl import SupervisedTrainer, UsageError
-from embodichain_models.data.lerobot import LeRobotFormatError, lerobot_source
-from embodichain_models.data.lerobot.dataset import LeRobotFrames
-from embodichain_models.data.lerobot.metadata import read_meta
+from embodichain_models.data.lerobot import LeRobotFormatError
+from embodichain_models.policies.cartpole_bc.data import bc_data
 from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy, objective
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.rollout import ClosedLoop
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
-
-USED_FEATURES = (IMAGE_KEY, "observation.state", "action")
-
-
-def dataset_options(config: BcConfig, fps: int) -> dict:
-    data = config.data
-    return {"delta_timestamps": {IMAGE_KEY: [(i - data.frames + 1) / fps
-                                             for i in range(data.frames)],
-                                 "action": [i / fps for i in range(data.chunk)]},
-            "normalize": {"action": "mean_std"}, "tolerance_s": data.tolerance_s,
-            # What the policy reads: other cameras of a dataset are neither read nor checked.
-            "features": list(USED_FEATURES)}
 
 
 def build_supervised_trainer(config: BcConfig, device: torch.device) -> SupervisedTrainer:
     data = config.data
     try:
-        meta = read_meta(data.root)
-        indices = [e.index for e in meta.episodes]
-        if len(indices) <= data.val_episodes:
-            raise UsageError(f"{data.root} has {len(indices)} episodes: too few to hold out "
-                             f"data.val_episodes={data.val_episodes} and train on the rest")
-        options = dataset_options(config, meta.fps)
-        source = lerobot_source(data.root, episodes=indices[:-data.val_episodes],
-                                identity=data.identity, **options)
-        held_out = LeRobotFrames(data.root, episodes=indices[-data.val_episodes:], **options)
+        bc = bc_data(config)
     except (LeRobotFormatError, ImportError) as exc:
         raise UsageError(str(exc)) from None
-    stats = meta.stats
-    size = int(meta.features[IMAGE_KEY]["shape"][0])
+    source, stats, size = bc.source, bc.stats, bc.size
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
                         config.model.hidden, state_std[[0, 2, 3]].clamp_min(1e-3),
@@ -59,14 +38,25 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
     closed_loop = ClosedLoop(v.episodes, v.steps, v.seed, data.frames, size, v.execute)
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
+    def held_out(name: str) -> dict[str, torch.Tensor]:
+        if name not in cache:  # read once, on rank 0
+            examples = bc.held_out[name]
+            stride = max(1, len(examples) // v.max_examples)
+            cache[name] = torch.utils.data.default_collate(
+                [examples[i] for i in range(0, len(examples), stride)][:v.max_examples])
+        return {k: t.to(device) for k, t in cache[name].items()}
+
     def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
-        if "val" not in cache:  # read once, on rank 0
-            stride = max(1, len(held_out) // v.max_examples)
-            examples = [held_out[i] for i in range(0, len(held_out), stride)][:v.max_examples]
-            cache["val"] = torch.utils.data.default_collate(examples)
-        batch = {k: t.to(device) for k, t in cache["val"].items()}
         core = getattr(model, "module", model)
-        metrics = {"validation/action_mse": objective(core, batch).loss.item()}
+        batches = {name: held_out(name) for name in bc.held_out}
+        if "" in batches:  # one dataset
+            metrics = {"validation/action_mse": objective(core, batches[""]).loss.item()}
+        else:  # a mixture: part by part, and over all parts' examples
+            metrics = {f"validation/{name}/action_mse": objective(core, b).loss.item()
+                       for name, b in batches.items()}
+            every = {k: torch.cat([b[k] for b in batches.values()]) for k in
+                     next(iter(batches.values()))}
+            metrics["validation/action_mse"] = objective(core, every).loss.item()
         metrics.update(closed_loop(core, device))
         return metrics
 
