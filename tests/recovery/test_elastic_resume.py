@@ -201,3 +201,25 @@ def test_inspect_says_which_world_sizes_can_continue_a_checkpoint(
     check = json.loads(proc.stdout)["resume"]
     assert check["world_sizes"] == [1, 2, 4]
     assert "any of 1, 2, 4 workers" in check["conditions"][0]
+
+
+def test_resume_auto_continues_a_one_rank_run_on_two_self_launched(
+        tmp_path: Path, uninterrupted: dict[object, Path]) -> None:
+    """Catches `--resume auto` refusing a run directory of another world size under G (it
+    compares the user's recipe, whose grad_accumulation is derived anew, with the stored
+    one), and a self-launch that checks G against the old world size: one rank trains to
+    update 50, then `train-sl --resume auto --nproc-per-node 2` continues it in place to 100,
+    within the bound."""
+    run, records = tmp_path / "run", tmp_path / "records"
+    records.mkdir()
+    first = data_recipe(tmp_path / "first.yaml", run, **{**ELASTIC, "trainer.max_updates": 50})
+    _launch(1, "train-sl", "--config", str(first), records=records)
+    recipe = data_recipe(tmp_path / "run.yaml", run, **ELASTIC)
+    _launch(1, "train-sl", "--config", str(recipe), "--resume", "auto",
+            "--nproc-per-node", "2", records=records)
+    ref = uninterrupted[1]
+    assert _records(records) == _records(ref.parent / f"{ref.name}_records")
+    differences = _relative_differences(ref / "last.pt", run / "last.pt")
+    assert max(differences.values()) <= BOUND, differences
+    assert json.loads((run / "run.json").read_text())["world_size_changes"] == [
+        {"from": 1, "to": 2, "at_update": 50}]
