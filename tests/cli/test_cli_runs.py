@@ -120,3 +120,27 @@ def test_a_killed_run_is_interrupted_not_stopped(tmp_path: Path,
 def test_not_a_directory(tmp_path: Path) -> None:
     proc = cli_in_process("runs", str(tmp_path / "nowhere"))
     assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+
+
+def test_a_run_that_failed_says_so_with_its_error(tmp_path: Path) -> None:
+    """Catches a failure (exit 1) shown as "interrupted", as a kill is, and a failed event
+    that outlives the resume after it: a run whose data raises at example 2 (first drawn
+    after its first snapshot, with this seed) is "failed at update N" with the error's
+    first line; resumed without the fault and finished, it is finished."""
+    from tests.support.data import data_env, data_recipe
+
+    run = tmp_path / "outputs" / "bad"
+    recipe = data_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 4,
+                                                     "trainer.save_every": 1,
+                                                     "trainer.batch_size": 4,
+                                                     "data.train_size": 4})
+    failed = run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                     env=data_env(EMBODICHAIN_TEST_FAIL_INDEX="2"))
+    assert failed.returncode == 1, failed.stderr
+    row = runs_json(tmp_path / "outputs")["bad"]
+    assert row["state"] == "failed" and row["failed"]["step"] >= 2, row  # past a snapshot
+    assert row["state_text"].startswith(f"failed at update {row['failed']['step']}: ")
+    assert "corrupt record 2 (test)" in row["state_text"]
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--resume", "auto", "--no-progress",
+                      env=data_env()))
+    assert runs_json(tmp_path / "outputs")["bad"]["state"] == "finished"

@@ -35,6 +35,7 @@ from embodichain.core.observe.summary import Status, print_run_summary
 from embodichain.core.recipe.loading import Recipe
 from embodichain.core.runs.fresh_claim import ClaimSite, take_back
 from embodichain.core.runs.resume_policy import Start, config_differences, resume_problems
+from embodichain.core.runs.run_end import record_failure
 from embodichain.core.runs.run_lock import RunLock
 from embodichain.core.training.trainer import RunContext, SupervisedTrainer
 
@@ -178,6 +179,7 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
     """
     start_step, started = trainer.step, time.perf_counter()
     status: Status = "failed"
+    failed: BaseException | None = None
     try:
         final = trainer.fit(show_progress=show_progress, stop=stop)
         status = "finished"
@@ -186,13 +188,18 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
         status = "stopped"
         raise
     except Exception as exc:  # an operation trainer.deterministic refuses: say so, plainly
-        if (refused := refused_by_determinism(exc, trainer.step + 1)) is None:
+        refused = refused_by_determinism(exc, trainer.step + 1)
+        failed = exc if refused is None else refused
+        if refused is None:
             raise
         raise refused from exc
     finally:
         if process_group.is_rank_zero() and not (
                 status != "finished" and claimed and trainer.step == start_step
                 and _give_back(trainer, claimed)):
+            if failed is not None:
+                with contextlib.suppress(OSError, ValueError):  # the run's word, if it can
+                    record_failure(trainer.run_directory, trainer.step + 1, failed)
             with contextlib.suppress(OSError):
                 print_run_summary(trainer.run_directory, status=status, start_step=start_step,
                                   end_step=trainer.step, wall_s=time.perf_counter() - started)

@@ -25,7 +25,7 @@ from embodichain.core.runs.run_dir import (
     read_metrics,
     read_run_json,
 )
-from embodichain.core.runs.run_end import clean_stop, records_clean_stops
+from embodichain.core.runs.run_end import clean_stop, failure, records_clean_stops
 from embodichain.core.runs.run_lock import describe_holder, lock_holder
 from embodichain.core.runs.snapshots import newest_snapshot
 
@@ -38,7 +38,7 @@ class RunRow:
     run_id: str | None
     factory: str | None
     world_size: int | None
-    state: str  # running | finished | stopped_early | stopped | interrupted | unknown
+    state: str  # running | finished | stopped_early | stopped | failed | interrupted | unknown
     last_step: int | None  # newest step recorded in metrics.jsonl or a snapshot
     last_record_step: int | None  # newest step recorded in metrics.jsonl
     max_updates: int | None
@@ -50,6 +50,7 @@ class RunRow:
     metric_best_step: int | None
     stopped_early: dict[str, Any] | None  # run.json's stopped_early event
     stopped: dict[str, Any] | None  # run.json's clean-stop event (its last word)
+    failed: dict[str, Any] | None  # run.json's failure event (its last word)
     modified: str  # newest file time in the directory, local ISO time
     holder: dict[str, Any] | None  # who holds the lock while running
 
@@ -62,6 +63,9 @@ class RunRow:
                     f"({self.stopped.get('signal')})")
         seen = (f"last update seen {_step(self.last_record_step)}, newest snapshot "
                 f"{_step(self.snapshot_step)}")
+        if self.state == "failed" and self.failed is not None:
+            return (f"failed at update {self.failed.get('step')}: {self.failed.get('error')} "
+                    f"(newest snapshot {_step(self.snapshot_step)})")
         if self.state == "interrupted":
             return f"interrupted without a clean stop ({seen})"
         if self.state == "unknown":  # a clean stop and a kill look alike in this run.json
@@ -117,6 +121,8 @@ def describe_run(directory: Path) -> RunRow:
         state = "unknown"
     elif clean_stop(identity) is not None:
         state = "stopped"
+    elif failure(identity) is not None:
+        state = "failed"
     else:
         state = "interrupted"
     mtimes = [p.stat().st_mtime for p in directory.iterdir() if p.is_file()]
@@ -131,4 +137,5 @@ def describe_run(directory: Path) -> RunRow:
         metric_best=best_of[0] if best_of else None,
         metric_best_step=best_of[1] if best_of else None, stopped_early=early,
         stopped=clean_stop(identity) if state == "stopped" else None,
+        failed=failure(identity) if state == "failed" else None,
         modified=modified.isoformat(sep=" ", timespec="seconds"), holder=holder)
