@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,9 @@ def main(root: str, out: str, limit: int) -> None:
     data = int(next(line.split()[1] for line in Path("/proc/self/status").read_text()
                     .splitlines() if line.startswith("VmData:"))) * 1024
     resource.setrlimit(resource.RLIMIT_DATA, (data + limit, data + limit))
+    started = time.perf_counter()
     frames = LeRobotFrames(root)
+    open_s = time.perf_counter() - started
     opened = anonymous_kib()
     loader = torch.utils.data.DataLoader(
         Probe(frames), batch_size=8, num_workers=2, multiprocessing_context="fork",
@@ -62,7 +65,7 @@ def main(root: str, out: str, limit: int) -> None:
         for pid, kib, i in batch.tolist():
             workers[pid] = max(workers.get(pid, 0), kib)
             seen.append(i)
-    record = {"before": before, "opened": opened, "after": anonymous_kib(),
+    record = {"open_s": open_s, "before": before, "opened": opened, "after": anonymous_kib(),
               "workers": workers, "examples": sorted(seen)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()

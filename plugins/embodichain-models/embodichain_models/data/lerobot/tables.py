@@ -77,7 +77,16 @@ def read_tables(meta: LeRobotMeta, episodes: list[Episode], keys: list[str] | No
         missing = [k for k in wanted if not column_file(
             folder, k, _BYTES if k in images else _NPY).is_file()]
         if missing:
-            _build(meta, episodes, by_file, missing, images, folder)
+            import pyarrow as pa
+
+            # The system allocator returns a row group's large buffers to the OS when they
+            # are freed; the default (jemalloc/mimalloc) keeps them for this process's life.
+            pool = pa.default_memory_pool()
+            pa.set_memory_pool(pa.system_memory_pool())
+            try:
+                _build(meta, episodes, by_file, missing, images, folder)
+            finally:
+                pa.set_memory_pool(pool)
         return Tables(columns={k: _map(column_file(folder, k, _NPY))
                                for k in wanted if k not in images},
                       images={k: ImageBytes(_map_bytes(column_file(folder, k, _BYTES)),
@@ -95,7 +104,7 @@ def _map(path: Path) -> np.ndarray:
 def _map_bytes(path: Path) -> np.ndarray:
     if path.stat().st_size == 0:  # mmap refuses an empty file
         return np.zeros(0, np.uint8)
-    return np.asarray(np.memmap(path, np.uint8, mode="c"))
+    return np.asarray(np.memmap(path, np.uint8, mode="r"))  # only ever copied out of
 
 
 def _build(meta: LeRobotMeta, episodes: list[Episode], by_file: dict[str, list[Episode]],
