@@ -229,7 +229,7 @@ class LeRobotFrames:
     def _images(self, key: str, episode: Episode, rows: np.ndarray) -> torch.Tensor:
         column = self.tables.images[key]
         frames = self.tables.columns["frame_index"]
-        images = [decode_png(column[int(r)].as_py(),
+        images = [decode_png(column[int(r)],
                              f"episode {episode.index}, frame {int(frames[r])}, image {key!r} "
                              f"in {self.root / episode.data_file}") for r in rows]
         return _chw(np.stack(images))
