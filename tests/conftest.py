@@ -34,6 +34,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(_name, None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _test_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The per-user cache (digests, LeRobot table copies) of this test process, under pytest's
+    temporary directory rather than the user's ~/.cache: the suite leaves nothing behind
+    there. A test about the cache's own location sets or unsets the variables itself."""
+    if "EMBODICHAIN_CACHE_DIR" not in os.environ:
+        os.environ["EMBODICHAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("user_cache"))
+
+
 def _train_example(root: Path, launch) -> str:
     recipe = write_recipe(root / "cpu.yaml", root / "run")
     proc = launch("train-sl", "--config", str(recipe), "--no-progress")

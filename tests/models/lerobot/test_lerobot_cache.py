@@ -1,4 +1,4 @@
-"""The node-local table cache: built once, reused, rebuilt for a changed dataset,
+"""The node-local table cache (R-SCALE-1): built once, reused, rebuilt for a changed dataset,
 no 2 GiB limit on an image column, and a cache directory that cannot be written still reads."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A LeRobot source's memory does not grow with the dataset: 2 ranks × 2 forked
+"""A LeRobot source's memory does not grow with the dataset (R-SCALE-1): 2 ranks × 2 forked
 data workers read a ~250 MB image dataset, and no process's anonymous memory (heap and
 copies, not the page-cache pages of the node-local cache it maps) grows by more than a
 quarter of the data."""

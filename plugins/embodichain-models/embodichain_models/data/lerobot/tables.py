@@ -5,8 +5,8 @@ Each selected column is copied once per node from the parquet files into the cac
 metadata (count and global `index`) while it is copied; then every process maps it
 read-only. Numeric columns are `[rows]` or `[rows, n]` arrays; an image column gives each
 row's encoded bytes (PNG) on request (`ImageBytes`), read from the map: nothing is decoded
-whole into a process's heap, so a process's memory does not grow with the dataset and the
-DataLoader's forked workers share the same pages (R-DATA-6). Examples never use
+whole into a process's heap, so a process's memory does not grow with the dataset (R-SCALE-1)
+and the DataLoader's forked workers share the same pages (R-DATA-6). Examples never use
 pyarrow, so no pyarrow thread pool runs in a forked worker. The copy is read row group by
 row group (memory bounded by a file's numeric columns and one batch of images).
 """
