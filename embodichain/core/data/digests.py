@@ -8,7 +8,8 @@ file is never taken for the old one. The first process on a machine to ask hashe
 while every other one waits on a per-key file lock (`fcntl.flock`, not a collective: hashing
 a terabyte must not run into a process group's timeouts), then reads the cached result;
 after a restart the digest comes from the cache. A cache that cannot be written is not
-kept: the file is hashed without it, with one warning per process. No torch here.
+kept: the file is hashed without it, with one warning per process. `computed_once` does the
+same for any per-file result (the LeRobot reader's video checks). No torch here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 _CHUNK = 1 << 20
 FOOTER_BYTES = 64 << 10  # at least this much of a parquet file's tail goes into the key
@@ -78,39 +81,58 @@ def file_digest(path: str | Path, *, cache: bool = True) -> str:
     if not cache:
         return f"sha256:{hash_file(path)}"
     key = cache_key(path)
-    folder = cache_dir() / "digests" / key[:2]
+    record = computed_once("digests", key,
+                           lambda: {"sha256": hash_file(path), "path": os.path.realpath(path)},
+                           valid=_is_digest, unchanged=lambda: cache_key(path) == key)
+    return f"sha256:{record['sha256']}"
+
+
+def computed_once(kind: str, key: str, compute: Callable[[], dict[str, Any]], *,
+                  valid: Callable[[Any], bool] = lambda record: isinstance(record, dict),
+                  unchanged: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+    """`compute()`'s record (a JSON object) for `key`, computed at most once per machine:
+    kept in `cache_dir()/kind/`, the first process computes it while the others wait on a
+    per-key `flock`, then read it (after a restart too). A record is kept only when
+    `unchanged()` still holds after computing (the file did not change meanwhile). A cache
+    that cannot be written means computing here, with one warning per process."""
+    folder = cache_dir() / kind / key[:2]
     entry = folder / f"{key}.json"
-    if (hit := _read(entry)) is not None:
-        return f"sha256:{hit}"
+    if (hit := _read(entry, valid)) is not None:
+        return hit
     try:
         folder.mkdir(parents=True, exist_ok=True)
         lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
-        _warn_once(f"the digest cache {cache_dir()} cannot be written ({exc.strerror}): "
-                   "data files are hashed at every start (set EMBODICHAIN_CACHE_DIR to a "
+        _warn_once(f"the cache {cache_dir()} cannot be written ({exc.strerror}): data files "
+                   "are hashed and checked at every start (set EMBODICHAIN_CACHE_DIR to a "
                    "writable directory)")
-        return f"sha256:{hash_file(path)}"
+        return compute()
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the others on this machine wait, then read it
-        if (hit := _read(entry)) is not None:
-            return f"sha256:{hit}"
-        digest = hash_file(path)
-        if cache_key(path) == key:  # not while the file changed under us
-            _write(entry, {"sha256": digest, "path": os.path.realpath(path)})
-        return f"sha256:{digest}"
+        if (hit := _read(entry, valid)) is not None:
+            return hit
+        record = compute()
+        if unchanged():
+            _write(entry, record)
+        return record
     finally:
         os.close(lock)  # releases the lock
 
 
-def _read(entry: Path) -> str | None:
+def _is_digest(record: Any) -> bool:
+    digest = record.get("sha256") if isinstance(record, dict) else None
+    return isinstance(digest, str) and len(digest) == 64
+
+
+def _read(entry: Path, valid: Callable[[Any], bool]) -> dict[str, Any] | None:
     try:
-        digest = json.loads(entry.read_text()).get("sha256")
-    except (OSError, ValueError, AttributeError):
+        record = json.loads(entry.read_text())
+    except (OSError, ValueError):
         return None
-    return digest if isinstance(digest, str) and len(digest) == 64 else None
+    return record if valid(record) else None
 
 
-def _write(entry: Path, record: dict[str, str]) -> None:
+def _write(entry: Path, record: dict[str, Any]) -> None:
     tmp = entry.with_name(f"{entry.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(record) + "\n")
@@ -120,8 +142,8 @@ def _write(entry: Path, record: dict[str, str]) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-        _warn_once(f"the digest cache {cache_dir()} cannot be written ({exc.strerror}): "
-                   "data files are hashed at every start")
+        _warn_once(f"the cache {cache_dir()} cannot be written ({exc.strerror}): data files "
+                   "are hashed and checked at every start")
 
 
 def _warn_once(message: str) -> None:

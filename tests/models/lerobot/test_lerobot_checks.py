@@ -102,3 +102,29 @@ def test_an_unused_camera_damaged_does_not_stop_the_cart_pole_recipe(tmp_path: P
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "run" / "last.pt").is_file()
     assert SIDE not in proc.stderr and WRIST not in proc.stderr
+
+
+def test_videos_are_checked_once_per_machine_and_again_when_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches every rank (and every start) opening every video again to check it, and a
+    cached verdict outliving the file it judged: a second open reads the verdict (the
+    check itself would fail here), a file cut short afterwards is checked again and
+    refused, naming it."""
+    from embodichain_models.data.lerobot import dataset as reader
+
+    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
+    root = _tiny(tmp_path / "data")
+    LeRobotFrames(root, features=[VIDEO])  # checks and records the verdict
+
+    def checked_again(*args: object) -> None:
+        raise AssertionError("the video was checked again")
+
+    monkeypatch.setattr(reader, "video_length_s", checked_again)
+    LeRobotFrames(root, features=[VIDEO])
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
+    video = next((root / "videos").rglob("*.mp4"))
+    header_first(video)
+    cut_tail(video)
+    with pytest.raises(LeRobotFormatError, match=re.escape(video.name)):
+        LeRobotFrames(root, features=[VIDEO])

@@ -13,6 +13,8 @@ decoded nor checked.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from embodichain.core.data.digests import cache_key, computed_once
 from embodichain_models.data.lerobot.errors import LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import BOOKKEEPING, Episode, read_meta
 from embodichain_models.data.lerobot.tables import read_tables
@@ -163,21 +166,38 @@ class LeRobotFrames:
         for name, wanted in needs.items():
             wanted.sort()
             path = self.root / name
-            last, episode = wanted[-1]
             if not path.is_file():
                 raise LeRobotFormatError(f"{path} is missing (episode {wanted[0][1]}'s video)")
-            seconds, frames = video_length_s(path, episode)
-            if seconds + self.tolerance_s < last + 0.5 / self.fps:
-                raise LeRobotFormatError(
-                    f"{path} is shorter than its table: it holds {frames} frames "
+            # Once per machine (R-SCALE-2): the first process checks the file while the
+            # others wait, then all (and every later start) read the verdict, which is kept
+            # under the file's cache key (a replaced or touched file is checked again).
+            file_key = cache_key(path)
+            key = hashlib.sha256(json.dumps([file_key, wanted, self.tolerance_s,
+                                             self.fps]).encode()).hexdigest()
+            verdict = computed_once(  # the lambdas run here, before the next file
+                "lerobot-video-checks", key,
+                lambda: {"problem": self._video_problem(path, wanted, rows)},  # noqa: B023
+                valid=lambda record: isinstance(record, dict) and "problem" in record,
+                unchanged=lambda: cache_key(path) == file_key)  # noqa: B023
+            if verdict["problem"] is not None:
+                raise LeRobotFormatError(verdict["problem"])
+
+    def _video_problem(self, path: Path, wanted: list[tuple[float, int]],
+                       rows: dict[int, int]) -> str | None:
+        """What is wrong with a video file that must hold frames up to each episode's
+        (time, episode) in `wanted` (sorted), or None."""
+        last, episode = wanted[-1]
+        seconds, frames = video_length_s(path, episode)
+        if seconds + self.tolerance_s < last + 0.5 / self.fps:
+            return (f"{path} is shorter than its table: it holds {frames} frames "
                     f"({seconds:.3f} s), but episode {episode} ({rows[episode]} rows) needs "
                     f"frames up to {last + 1 / self.fps:.3f} s")
-            cut = first_frame_missing(path, wanted, self.tolerance_s)
-            if cut is not None:
-                raise LeRobotFormatError(
-                    f"{path} is cut short: episode {cut[1]}'s last frame (t={cut[0]:.3f} s) "
+        cut = first_frame_missing(path, wanted, self.tolerance_s)
+        if cut is not None:
+            return (f"{path} is cut short: episode {cut[1]}'s last frame (t={cut[0]:.3f} s) "
                     f"is not in the file, though its header lists {frames} frames (a copy or "
                     "download that stopped early?)")
+        return None
 
     # --- examples ---
 
