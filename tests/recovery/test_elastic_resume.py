@@ -93,6 +93,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["with_replacement", "epochs", "fsdp"])
 def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[object, Path],
                                             variant: str) -> None:
@@ -126,6 +127,7 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[
     assert manifest["world_size"] == 1 and manifest["step"] == 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
                                                      uninterrupted: dict[object, Path],
@@ -203,6 +205,7 @@ def test_inspect_says_which_world_sizes_can_continue_a_checkpoint(
     assert "any of 1, 2, 4 workers" in check["conditions"][0]
 
 
+@pytest.mark.slow
 def test_resume_auto_continues_a_one_rank_run_on_two_self_launched(
         tmp_path: Path, uninterrupted: dict[object, Path]) -> None:
     """Catches `--resume auto` refusing a run directory of another world size under G (it
