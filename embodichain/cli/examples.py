@@ -18,6 +18,10 @@ EXAMPLES: dict[str, list[str]] = {
         "embodichain validate-config examples/learning/sl_ddp/cpu.yaml",
         "embodichain validate-config cpu.yaml --set optimizer.lr=0.01 --set trainer.batch_size=64",
     ],
+    "check-data": [
+        "embodichain check-data cartpole_bc.yaml  # exit 0: every example loads, 1: some do not",
+        "embodichain check-data cartpole_bc.yaml --workers 8 --set data.root=/data/cartpole",
+    ],
     "inspect-checkpoint": [
         "embodichain inspect-checkpoint outputs/sl_ddp_cpu/step_100.pt",
         "embodichain inspect-checkpoint outputs/sl_ddp_cpu --json | jq .step",

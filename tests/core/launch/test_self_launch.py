@@ -60,7 +60,9 @@ def test_a_failure_under_max_restarts_is_restarted_and_finishes(tmp_path: Path) 
     assert proc.stderr.count("restarting all 2 workers (1 of 1 restarts left)") == 1
     assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 30
     events = json.loads((run / "run.json").read_text())["events"]
-    assert [(e["event"], e["step"]) for e in events] == [("resumed", 10)]
+    # (rank 0 may also record the failure it saw when rank 1 was killed: a race)
+    assert [(e["event"], e["step"]) for e in events if e["event"] != "failed"] == [
+        ("resumed", 10)]
 
 
 def test_sigterm_to_the_self_launcher_stops_with_a_snapshot_and_exits_143(

@@ -65,8 +65,8 @@ def test_a_rolled_back_tail_leaves_the_event_stream(tmp_path: Path) -> None:
                       env=worker_env(PYTHONPATH=str(FACTORIES)))
     assert_ok(resumed)
     events_log = json.loads((run / "run.json").read_text())["events"]
-    assert [(e["event"], e["step"]) for e in events_log] == [("rolled_back", 100),
-                                                             ("resumed", 100)]
+    assert [(e["event"], e["step"]) for e in events_log] == [
+        ("failed", 171), ("rolled_back", 100), ("resumed", 100)]
     after = records(run)
     assert [s for s, _ in after["train/loss"]] == list(range(10, 201, 10))
     assert events(run) == after
