@@ -8,17 +8,25 @@ another size then, with no rank ever holding the full state:
 1. plans from the manifest alone which old shards hold rows of its own local shards (old
    rank 0's always: its replicated values are taken, i.e. buffers, the optimizer's step
    counts and that rank's own state);
-2. verifies, streaming over the file (nothing loaded), every old shard it will read, and the
-   old shards that no rank reads that fall to it (old rank k: new rank k mod world size), so
-   every old shard is verified; all ranks learn every problem and refuse alike before
-   anything is loaded, naming each missing, unreachable (written on a node that is not here)
-   or damaged shard with its file and host;
-3. memory-maps one old shard at a time (`torch.load(mmap=True)`) and copies only the rows
-   that overlap its own local shards of the model, the optimizer state and the EMA.
+2. learns, in one exchange, which old shard files every rank sees (recut_exchange.py): an
+   old shard that a rank needing it does not see is sent to it by the lowest rank that
+   does; one that no rank sees is refused by name (its file and host);
+3. verifies, streaming over the file (nothing loaded), every old shard it will read or
+   send, and the old shards that no rank reads that fall to it (old rank k: new rank k mod
+   world size, or the lowest that sees it), so every old shard is verified, and checks that
+   each belongs to this checkpoint; all ranks learn every problem and refuse alike before
+   anything is loaded, naming each missing, unreachable or damaged shard with its file and
+   host;
+4. takes the old shards in turn: a rank that reads one memory-maps it
+   (`torch.load(mmap=True)`) and copies only the rows that overlap its own local shards of
+   the model, the optimizer state and the EMA; its sender maps it and sends each receiving
+   rank only those rows, one tensor at a time (and old rank 0's replicated values whole).
 
-Its peak memory is its own share plus the mapped pages it reads of one old shard. Shards
-are read from this node's copy of the run directory (a shared filesystem, or the shards
-left on this node); sending them over the process group is not done.
+Its peak memory is its own share plus the mapped pages it reads of one old shard (a sender:
+plus one tensor's rows in flight). On a shared filesystem every rank sees every old shard and
+nothing is sent. The collectives are the same on every rank whatever the data (two
+exchanges); the sends follow from the manifest and the exchange, the same plan on every
+rank, so every send meets its receive.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
 """Sharded checkpoints re-cut on load for another world size (R-ELASTIC-3, the FSDP side).
 
-Three torchrun launches of tests/scripts/recut_shards.py (gloo CPU workers) through
+Four torchrun launches of tests/scripts/recut_shards.py (gloo CPU workers) through
 `FsdpStrategy`: 2 ranks save A; 1 rank restores A (and damaged or old-format copies of it)
-and saves B; 2 ranks restore B (and a copy whose shard lives on a node that is gone). Each
-rank must then hold exactly its slice of the full tensors that were saved: model, Adam's
-moments, EMA, with dim-0 sizes uneven over 2 ranks (5 rows: 3 + 2) and an empty chunk (1
-row: 1 + 0); buffers, the optimizer's step counts and the rank's own state from old rank 0.
+and saves B; 2 ranks restore B (and a copy whose shard lives on a node that is gone); then 3
+ranks on two simulated nodes (1 + 2 workers, each node its own directory) restore A and B
+from copies whose shards lie on one node only (sent over the process group) or on none.
+Each rank must then hold exactly its slice of the full tensors that were saved: model,
+Adam's moments, EMA, with dim-0 sizes uneven over 2 ranks (5 rows: 3 + 2) and an empty
+chunk (1 row: 1 + 0); buffers, the optimizer's step counts and the rank's own state from
+old rank 0.
 """
 
 from __future__ import annotations
