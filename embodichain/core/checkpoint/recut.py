@@ -8,23 +8,30 @@ another size then, with no rank ever holding the full state:
 1. plans from the manifest alone which old shards hold rows of its own local shards (old
    rank 0's always: its replicated values are taken, i.e. buffers, the optimizer's step
    counts and that rank's own state);
-2. verifies, streaming over the file (nothing loaded), every old shard it will read, and the
-   old shards that no rank reads that fall to it (old rank k: new rank k mod world size), so
-   every old shard is verified; all ranks learn every problem and refuse alike before
-   anything is loaded, naming each missing, unreachable (written on a node that is not here)
-   or damaged shard with its file and host;
-3. memory-maps one old shard at a time (`torch.load(mmap=True)`) and copies only the rows
-   that overlap its own local shards of the model, the optimizer state and the EMA.
+2. learns, in one exchange, which old shard files every rank sees (recut_exchange.py): an
+   old shard that a rank needing it does not see is sent to it by the lowest rank that
+   does; one that no rank sees is refused by name (its file and host);
+3. verifies, streaming over the file (nothing loaded), every old shard it will read or
+   send, and the old shards that no rank reads that fall to it (old rank k: new rank k mod
+   world size, or the lowest that sees it), so every old shard is verified, and checks that
+   each belongs to this checkpoint; all ranks learn every problem and refuse alike before
+   anything is loaded, naming each missing, unreachable or damaged shard with its file and
+   host;
+4. takes the old shards in turn: a rank that reads one memory-maps it
+   (`torch.load(mmap=True)`) and copies only the rows that overlap its own local shards of
+   the model, the optimizer state and the EMA; its sender maps it and sends each receiving
+   rank only those rows, one tensor at a time (and old rank 0's replicated values whole).
 
-Its peak memory is its own share plus the mapped pages it reads of one old shard. Shards
-are read from this node's copy of the run directory (a shared filesystem, or the shards
-left on this node); sending them over the process group is not done.
+Its peak memory is its own share plus the mapped pages it reads of one old shard (a sender:
+plus one tensor's rows in flight). On a shared filesystem every rank sees every old shard and
+nothing is sent. The collectives are the same on every rank whatever the data (two
+exchanges); the sends follow from the manifest and the exchange, the same plan on every
+rank, so every send meets its receive.
 """
 
 from __future__ import annotations
 
 import hashlib
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,12 +39,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodichain.core.checkpoint import recut_exchange as exchange
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
     as_param_shard,
     dim0_cut,
     local,
-    node_rank,
     shard_cuts,
 )
 from embodichain.core.distributed import process_group
@@ -122,29 +129,25 @@ def restore_recut(model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any,
                               f"{sorted(set(own) - saved)[:5]} not saved, checkpoint "
                               f"{sorted(saved - set(own))[:5]} not in the model")
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    need = _needed(table, own, params)
-    verify = sorted(need | {k for k in table if k % world == rank})
-    problems = [p for k in verify if (p := _check_file(directory, k, table[k])) is not None]
+    mine = {"model": {n: _own_cut(v) for n, v in own.items()},
+            "params": [_own_cut(p) for p in params]}
+    views = exchange.gather_view(table, directory, _needed(table, mine), mine)
+    plan = exchange.plan(table, directory, views)
+    problems = [p for k in plan.verify[rank]
+                if (p := _check_file(directory, k, table[k], payload)) is not None]
     everyone = process_group.broadcast_from_rank_zero(process_group.gather_to_rank_zero(problems))
-    unique = list(dict.fromkeys(p for found in everyone for p in found))
+    unique = list(dict.fromkeys([*plan.unreachable, *(p for found in everyone for p in found)]))
     if unique:
         raise CheckpointError(f"cannot continue {where} on {world} rank(s): "
                               + "; ".join(unique) + ". Nothing was loaded.")
-    return _load(directory, table, payload, sorted(need), own, params, model, optimizer, ema)
+    return _load(directory, table, plan, own, params, model, optimizer, ema)
 
 
-def _needed(table: Mapping[int, Mapping[str, Any]], own: Mapping[str, Any],
-            params: list[torch.Tensor]) -> set[int]:
+def _needed(table: Mapping[int, Mapping[str, Any]], mine: Mapping[str, Any]) -> set[int]:
     """The old ranks whose shards hold rows of this rank's local shards (and old rank 0)."""
     need = {0}
-    mine = {n: _own_cut(v) for n, v in own.items()}
-    by_index = [_own_cut(p) for p in params]
     for k, entry in table.items():
-        cuts = entry["cuts"]
-        if any(_overlap(cut, mine[n]) for n, cut in cuts["model"].items() if cut):
-            need.add(k)
-        elif any(_overlap(cut, by_index[int(i)]) for i, keys in cuts["optimizer"].items()
-                 for cut in keys.values()):
+        if exchange.row_pairs(entry["cuts"], mine, with_ema=False):
             need.add(k)
     return need
 
@@ -154,26 +157,20 @@ def _own_cut(value: Any) -> tuple[int, int] | None:
     return (cut["offset"], cut["length"]) if cut else None
 
 
-def _overlap(cut: list[int] | None, mine: tuple[int, int] | None) -> tuple[int, int] | None:
-    """The global rows [a, b) that an old cut and this rank's share both hold, or None."""
-    if not cut or mine is None:
-        return None
-    a, b = max(cut[0], mine[0]), min(cut[0] + cut[1], mine[0] + mine[1])
-    return (a, b) if a < b else None
-
-
-def _check_file(directory: Path, rank: int, entry: Mapping[str, Any]) -> str | None:
-    """None when old rank `rank`'s shard file is here with the bytes the manifest recorded."""
+def _check_file(directory: Path, rank: int, entry: Mapping[str, Any],
+                payload: Mapping[str, Any]) -> str | None:
+    """None when old rank `rank`'s shard file, seen here, has the bytes the manifest
+    recorded and belongs to its checkpoint."""
     path, host = directory / entry["file"], entry.get("host")
-    if not path.is_file():
-        if (host, entry.get("node", 0)) != (socket.gethostname(), node_rank()):
-            return (f"the shard of rank {rank} ({path}, written on host {host}) is not "
-                    f"reachable from this node ({socket.gethostname()}): put it at that path "
-                    "(a shared filesystem)")
+    if not path.is_file():  # seen by the exchange a moment ago
         return f"the shard of rank {rank} is missing: {path} (written on host {host})"
     if file_sha256(path) != entry["file_sha256"]:
         return (f"the shard of rank {rank} ({path}, written on host {host}) is corrupt: its "
                 "bytes do not match the manifest's digest of it")
+    try:
+        _check_identity(_mapped(path), payload, rank, entry, path)
+    except CheckpointError as exc:
+        return str(exc)
     return None
 
 
@@ -182,21 +179,55 @@ def _mapped(path: Path) -> dict[str, Any]:
     return torch.load(path, mmap=True, weights_only=True, map_location="cpu")["payload"]
 
 
-def _load(directory: Path, table: Mapping[int, Mapping[str, Any]], payload: Mapping[str, Any],
-          need: list[int], own: Mapping[str, Any], params: list[torch.Tensor],
-          model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any) -> dict[str, Any]:
+def _load(directory: Path, table: Mapping[int, Mapping[str, Any]], plan: exchange.Plan,
+          own: Mapping[str, Any], params: list[torch.Tensor], model: nn.Module,
+          optimizer: torch.optim.Optimizer, ema: Any) -> dict[str, Any]:
+    """Every old shard in turn (old rank 0's first: the structure and the replicated
+    values), each mapped by the ranks that read it and sent by its sender to the rest:
+    at most one old shard mapped at a time."""
+    rank = process_group.rank()
     ema_state = ema.state_dict() if ema is not None else None  # its live local tensors
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = [{id(p): n for n, p in model.named_parameters()}.get(id(p), "") for p in params]
     opt: dict[str, Any] = {}
     copied: dict[tuple, int] = {}
-    for k in need:  # old rank 0 first: the structure and the replicated values
-        shard = _mapped(directory / table[k]["file"])
-        path = directory / table[k]["file"]
-        _check_identity(shard, payload, k, table[k], path)
-        if k == 0:
-            opt = _from_rank_zero(shard, own, ema_state, params,
-                                  [names.get(id(p), "") for p in params], path)
-        _copy_rows(shard, table[k]["cuts"], own, ema_state, opt, params, copied)
+
+    def target(key: tuple) -> torch.Tensor:
+        if key[0] == "model":
+            return local(own[key[1]])
+        return ema_state[key[1]] if key[0] == "ema" else opt["state"][int(key[1])][key[2]]
+
+    def count(rows: Mapping[tuple, int]) -> None:
+        for key, n in rows.items():
+            key = ("opt", int(key[1]), key[2]) if key[0] == "opt" else key
+            copied[key] = copied.get(key, 0) + n
+
+    for k in sorted(set(plan.read[rank]) | set(plan.sends)):
+        cuts = table[k]["cuts"]
+        src, dsts = plan.sends.get(k, (None, []))
+        shard = None
+        if k in plan.read[rank] or src == rank:
+            shard = _mapped(directory / table[k]["file"])
+        if k in plan.read[rank]:
+            if k == 0:
+                opt = _from_rank_zero(shard, own, ema_state, params, names,
+                                      directory / table[k]["file"])
+            count(_copy_rows(shard, exchange.row_pairs(cuts, plan.cuts[rank],
+                                                       ema_state is not None), target))
+        with torch.no_grad():
+            if src == rank:
+                for dst in dsts:
+                    if k == 0:
+                        exchange.send_object(exchange.structure(shard), dst)
+                    exchange.send_rows(shard, exchange.row_pairs(
+                        cuts, plan.cuts[dst], ema_state is not None),
+                        lambda key: target(key).dtype, dst)
+            elif rank in dsts:
+                if k == 0:
+                    opt = _from_rank_zero(exchange.recv_object(src), own, ema_state, params,
+                                          names, directory / table[k]["file"])
+                count(exchange.recv_rows(exchange.row_pairs(cuts, plan.cuts[rank],
+                                                            ema_state is not None),
+                                         target, src))
         del shard  # unmapped before the next one is mapped
     for key, rows in _expected(own, ema_state, opt, params).items():
         if copied.get(key, 0) != rows:
@@ -255,39 +286,26 @@ def _from_rank_zero(shard: Mapping[str, Any], own: Mapping[str, Any], ema_state:
             "rank_state": _owned(shard["rank_state"])}
 
 
-def _copy_rows(shard: Mapping[str, Any], cuts: Mapping[str, Any], own: Mapping[str, Any],
-               ema_state: Any, opt: Mapping[str, Any], params: list[torch.Tensor],
-               copied: dict[tuple, int]) -> None:
-    """Copy the rows of this old shard that this rank's local shards hold."""
-    pairs = []
-    for name, cut in cuts["model"].items():
-        span = _overlap(cut, mine := _own_cut(own[name]))
-        if span is not None:
-            pairs.append((local(own[name]), shard["model"][name], cut, mine, (name,)))
-            if ema_state is not None:
-                pairs.append((ema_state[name], shard["ema"][name], cut, mine, ("ema", name)))
-    for index, keys in cuts["optimizer"].items():
-        mine = _own_cut(params[int(index)])
-        for key, cut in keys.items():
-            if _overlap(cut, mine) is not None:
-                saved = shard["optimizer"]["state"][index][key]
-                pairs.append((opt["state"][int(index)][key], saved, cut, mine,
-                              (int(index), key)))
+def _copy_rows(shard: Mapping[str, Any], pairs: list, target: Any) -> dict[tuple, int]:
+    """Copy this rank's rows (`pairs`, exchange.row_pairs) out of the mapped old `shard`."""
+    copied: dict[tuple, int] = {}
     with torch.no_grad():
-        for target, source, cut, mine, key in pairs:
-            a, b = _overlap(cut, mine)
-            target[a - mine[0]:b - mine[0]].copy_(source[a - cut[0]:b - cut[0]])
-            copied[key] = copied.get(key, 0) + (b - a)
+        for key, cut, mine in pairs:
+            a, b = exchange.overlap(cut, mine)
+            target(key)[a - mine[0]:b - mine[0]].copy_(
+                exchange.source(shard, key)[a - cut[0]:b - cut[0]])
+            copied[key] = b - a
+    return copied
 
 
 def _expected(own: Mapping[str, Any], ema_state: Any, opt: Mapping[str, Any],
               params: list[torch.Tensor]) -> dict[tuple, int]:
     """The rows each of this rank's local shards must have received."""
-    rows = {(n,): cut[1] for n, v in own.items() if (cut := _own_cut(v))}
+    rows = {("model", n): cut[1] for n, v in own.items() if (cut := _own_cut(v))}
     if ema_state is not None:
-        rows |= {("ema", n): count for (n,), count in rows.items()}
+        rows |= {("ema", n): count for (_, n), count in list(rows.items())}
     for index, keys in opt["sharded"].items():
-        rows |= {(index, key): local(params[index]).shape[0] for key in keys}
+        rows |= {("opt", index, key): local(params[index]).shape[0] for key in keys}
     return rows
 
 

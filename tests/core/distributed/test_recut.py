@@ -1,17 +1,23 @@
 """Sharded checkpoints re-cut on load for another world size (R-ELASTIC-3, the FSDP side).
 
-Three torchrun launches of tests/scripts/recut_shards.py (gloo CPU workers) through
+Four torchrun launches of tests/scripts/recut_shards.py (gloo CPU workers) through
 `FsdpStrategy`: 2 ranks save A; 1 rank restores A (and damaged or old-format copies of it)
-and saves B; 2 ranks restore B (and a copy whose shard lives on a node that is gone). Each
-rank must then hold exactly its slice of the full tensors that were saved: model, Adam's
-moments, EMA, with dim-0 sizes uneven over 2 ranks (5 rows: 3 + 2) and an empty chunk (1
-row: 1 + 0); buffers, the optimizer's step counts and the rank's own state from old rank 0.
+and saves B; 2 ranks restore B (and a copy whose shard lives on a node that is gone); then 3
+ranks on two simulated nodes (1 + 2 workers, each node its own directory) restore A and B
+from copies whose shards lie on one node only (sent over the process group) or on none.
+Each rank must then hold exactly its slice of the full tensors that were saved: model,
+Adam's moments, EMA, with dim-0 sizes uneven over 2 ranks (5 rows: 3 + 2) and an empty
+chunk (1 row: 1 + 0); buffers, the optimizer's step counts and the rank's own state from
+old rank 0.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +26,7 @@ import torch
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
 from embodichain.core.checkpoint.sharded import consolidated_model, read_shard, shard_table
 from tests.support import SCRIPTS, assert_ok, run_torchrun, worker_env
+from tests.support.processes import run_python_module
 
 
 def launch(nproc: int, out: Path, *args: str) -> list[dict]:
@@ -60,14 +67,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"root": root, "to_one": to_one, "to_two": to_two}
 
 
-def expect_slices(results: list[dict], run: Path) -> None:
-    """Each new rank holds exactly its rows of every full tensor saved in `run`."""
+def expect_slices(results: list[dict], run: Path, restored: str | None = None) -> None:
+    """Each new rank holds exactly its rows of every full tensor saved in `run` (restored
+    as `restored`: by default run/last.pt)."""
     data = read_checkpoint(run / "last.pt")
     reference = torch.load(run / "reference.pt", weights_only=True)
     ema = consolidated_model(run / "last.pt", data, ema=True)
     first = read_shard(run, data, 0)["payload"]
     for held in results:
-        held = held[str(run / "last.pt")]
+        held = held[restored or str(run / "last.pt")]
         assert "error" not in held, held.get("error")
         for name, value in held["model"].items():
             if name in held["cuts"]:
@@ -135,5 +143,98 @@ def test_unreachable_old_shard_is_refused_alike_naming_its_host(runs: dict) -> N
     reported as merely missing (not naming that its node is not in this world)."""
     errors = [r[str(runs["root"] / "B_gone/last.pt")].get("error") for r in runs["to_two"]]
     assert errors[0] is not None and errors[0] == errors[1]
-    assert "not reachable from this node" in errors[0] and "gone-host" in errors[0]
+    assert "not reachable from any node of this world" in errors[0]
+    assert "gone-host" in errors[0]
     assert "rank_0.pt" in errors[0]
+
+
+# ----------------------------------------------------------------------------------------
+# Old shards on some nodes only: sent over the process group by a rank that has them.
+
+
+def launch_two_nodes(root: Path, layouts: dict[str, tuple[Path | None, Path | None]]
+                     ) -> list[dict]:
+    """recut_shards on two simulated nodes (as tests/core/launch/test_multinode.py: a
+    torchrun agent per node, each in its own working directory): node 0 runs global rank 0,
+    node 1 ranks 1 and 2. Each layout NAME puts the run directory (pair[0]) at NAME/ on node
+    0 and the one of pair[1] on node 1 (None: nothing there); NAME/last.pt is restored, a
+    relative path that each node resolves in its own directory."""
+    cwds = [root / "node0", root / "node1"]
+    for node, cwd in enumerate(cwds):
+        cwd.mkdir(parents=True)
+        for name, pair in layouts.items():
+            if pair[node] is not None:
+                shutil.copytree(pair[node], cwd / name)
+    out = root / "out"
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p)
+
+    def node(rank: int) -> subprocess.CompletedProcess[str]:
+        return run_python_module(
+            "torch.distributed.run", "--nnodes=2", f"--nproc-per-node={rank + 1}",
+            f"--node-rank={rank}", "--master-addr=127.0.0.1", f"--master-port={port}",
+            "--monitor-interval=0.2", "-m", "recut_shards", "--out", str(out), "--restore",
+            *(f"{name}/last.pt" for name in layouts), cwd=cwds[rank],
+            env=worker_env(PYTHONPATH=path), timeout=180)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # both nodes' agents at once
+        for proc in pool.map(node, range(2)):
+            assert_ok(proc)
+    return [torch.load(out / f"result_{r}.pt", weights_only=True) for r in range(3)]
+
+
+@pytest.fixture(scope="module")
+def on_two_nodes(runs: dict) -> list[dict]:
+    """A (2 shards) and B (1 shard) continued on 3 ranks over two nodes whose copies of the
+    run directory differ; the manifest is always on node 0 (global rank 0 reads it)."""
+    root = runs["root"]
+    manifest_only = root / "B_manifest_only"
+    shutil.copytree(root / "B", manifest_only, ignore=shutil.ignore_patterns("shards"))
+    shards_only = root / "B_shards_only"
+    shutil.copytree(root / "B" / "shards", shards_only / "shards")
+    return launch_two_nodes(root / "two_nodes", {
+        "split": (root / "A", None),  # A's shards on node 0 only
+        "bad": (root / "A_bad", None),  # ... with old rank 1's corrupt
+        "there": (manifest_only, shards_only),  # B's shard on node 1 only
+        "gone": (root / "B_gone", None),  # B's shard on no node
+    })
+
+
+def test_shards_on_one_node_are_sent_to_the_ranks_of_the_other(on_two_nodes: list[dict],
+                                                                runs: dict) -> None:
+    """2 → 3 with A's shards on node 0 only: rank 0 sends ranks 1 and 2 (node 1) old rank
+    0's structure and rows, and old rank 1's rows, which it does not need itself; 1 → 3 with
+    B's shard on node 1 only: rank 1 sends it to rank 0, rank 2 reads its own copy.
+    Catches: a shard absent here refused although a rank of this world holds it (the
+    behaviour before); the sender taken as rank 0 (or any rank but one that holds it);
+    rows sent from the recipient's offset instead of the old shard's; old rank 0's
+    buffers, step counts or own state not sent with its rows."""
+    cuts = [r["split/last.pt"]["cuts"]["0.weight"]["length"] for r in on_two_nodes]
+    assert cuts == [2, 2, 1]
+    expect_slices(on_two_nodes, runs["root"] / "A", "split/last.pt")
+    expect_slices(on_two_nodes, runs["root"] / "B", "there/last.pt")
+
+
+def test_an_old_shard_only_its_sender_reads_is_verified_by_it(on_two_nodes: list[dict]
+                                                              ) -> None:
+    """A's old rank 1 shard corrupt on node 0, its only holder (rank 0), which needs none of
+    its rows. Catches: a sent shard's digest left unverified (only the shards a rank reads
+    for itself checked), or the refusal reaching only some ranks."""
+    errors = [r["bad/last.pt"].get("error") for r in on_two_nodes]
+    assert errors[0] is not None and errors.count(errors[0]) == 3, errors
+    assert "shard of rank 1" in errors[0] and "corrupt" in errors[0]
+    assert "rank_1.pt" in errors[0] and "Nothing was loaded" in errors[0]
+
+
+def test_a_shard_on_no_node_of_the_new_world_is_refused_by_name_on_every_rank(
+        on_two_nodes: list[dict]) -> None:
+    """B's shard written on a host that is gone and held by no node. Catches: the refusal
+    left to the ranks that need its rows (others hang or go on), or not naming the file and
+    the host."""
+    errors = [r["gone/last.pt"].get("error") for r in on_two_nodes]
+    assert errors[0] is not None and errors.count(errors[0]) == 3, errors
+    assert "not reachable from any node of this world" in errors[0]
+    assert "rank_0.pt" in errors[0] and "gone-host" in errors[0]

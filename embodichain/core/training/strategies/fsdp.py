@@ -15,7 +15,8 @@ shard before any rank loads anything: each rank checks its own (on several machi
 node reads its own copy of the run directory) and all learn every problem, so all refuse
 with the same message naming the missing or damaged shards and their hosts. A checkpoint of
 another world size is re-cut on load (core/checkpoint/recut.py): each rank copies only its
-rows out of the memory-mapped old shards, after every old shard's file digest is verified.
+rows out of the memory-mapped old shards (or receives them from a rank that holds an old
+shard its node lacks), after every old shard's file digest is verified.
 
 Validation runs on every rank (the sharded forward is collective); a failure on any rank
 stops that rank at once with its message, without entering another collective, and the
