@@ -75,6 +75,13 @@ def _relative_differences(a: Path, b: Path) -> dict[str, float]:
             for name, (x, y) in pairs.items()}
 
 
+def _report(differences: dict[str, float]) -> None:
+    """The figure behind the bound, shown with `pytest -s` (docs/recovery.md quotes it)."""
+    worst = max(differences, key=differences.__getitem__)
+    print(f"\nlargest relative difference: {differences[worst]:.2e} ({worst}, "
+          f"{len(differences)} tensors)")
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path]:
     """The runs never interrupted: {world size: run directory} with replacement,
@@ -118,6 +125,7 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[
     assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
+    _report(differences)
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["world_size_changes"] == [{"from": 2, "to": 1, "at_update": 50}]
     assert run_json["world_size"] == 1
@@ -147,6 +155,7 @@ def test_one_rank_continues_on_two_from_a_checkpoint(tmp_path: Path,
     assert _records(records) == expected
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
+    _report(differences)
     run_json = json.loads((run / "run.json").read_text())
     assert run_json["world_size_changes"] == [{"from": 1, "to": 2, "at_update": 50}]
 
@@ -224,5 +233,6 @@ def test_resume_auto_continues_a_one_rank_run_on_two_self_launched(
     assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
+    _report(differences)
     assert json.loads((run / "run.json").read_text())["world_size_changes"] == [
         {"from": 1, "to": 2, "at_update": 50}]
