@@ -1,6 +1,8 @@
 """Peak anonymous memory per process and start-up time of the LeRobot reader on an image
-dataset (PNG in the parquet rows), 2 ranks × 2 data workers, this tree against another
-checkout (`--before`, e.g. a worktree of the commit before the node-local table cache).
+dataset (PNG in the parquet rows) or, with `--video`, a video dataset (one mp4 per camera
+and file, its start-up dominated by the check that every video holds its frames), 2 ranks ×
+2 data workers, this tree against another checkout (`--before`, e.g. a worktree of the
+commit before the node-local table cache and the once-per-machine video checks).
 
 Each run is `tests/models/lerobot/memory_probe.py` under torchrun: every rank opens the
 dataset (timed), then reads its half of the examples through 2 forked workers. Every 0.1 s
@@ -9,6 +11,7 @@ rank and worker from /proc/PID/smaps_rollup and keeps each process's peak. "afte
 the first run on a node (the cache is built); "after, warm" maps the existing cache.
 
     python benchmarks/lerobot_memory.py --gib 2 --dir /tmp/lrmem [--before /path/to/tree]
+    python benchmarks/lerobot_memory.py --video 400 --dir /tmp/lrmem [--before /path/to/tree]
 """
 
 from __future__ import annotations
@@ -42,6 +45,23 @@ def make_dataset(root: Path, gib: float) -> None:
     write_dataset(root, episodes, {"observation.image": feature("image", (512, 512, 3)),
                                    "observation.state": feature("float32", (4,))}, 10,
                   episodes_per_file=2)
+
+
+def make_video_dataset(root: Path, episodes: int) -> None:
+    """`episodes` episodes of 40 frames of a 224 px camera (smooth noise, so the encoder has
+    motion to code), 10 episodes a file."""
+    import numpy as np
+    from embodichain_models.data.lerobot.writer import EpisodeData, feature, write_dataset
+
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (40, 224, 224, 3), dtype=np.uint8)
+    recorded = [EpisodeData("noise", {
+        "observation.images.top": np.roll(base, i, axis=2),
+        "observation.state": rng.standard_normal((40, 4)).astype(np.float32)})
+        for i in range(episodes)]
+    write_dataset(root, recorded, {"observation.images.top": feature("video", (224, 224, 3)),
+                                   "observation.state": feature("float32", (4,))}, 10,
+                  episodes_per_file=10)
 
 
 def anonymous_kib(pid: int) -> int:
@@ -88,14 +108,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/lerobot_memory"))
+    parser.add_argument("--video", type=int, metavar="EPISODES",
+                        help="a video dataset of this many episodes instead of images")
     parser.add_argument("--before", type=Path, help="a checkout of the reader before")
     args = parser.parse_args()
-    data = args.dir / f"data_{args.gib:g}gib"
+    data = args.dir / (f"video_{args.video}" if args.video else f"data_{args.gib:g}gib")
     if not data.exists():
         started = time.perf_counter()
-        make_dataset(data, args.gib)
+        if args.video:
+            make_video_dataset(data, args.video)
+        else:
+            make_dataset(data, args.gib)
         print(f"wrote {data} in {time.perf_counter() - started:.0f} s", flush=True)
-    size = sum(p.stat().st_size for p in (data / "data").rglob("*.parquet"))
+    size = sum(p.stat().st_size for p in data.rglob("*") if p.suffix in (".parquet", ".mp4"))
     print(json.dumps({"dataset_mib": round(size / (1 << 20))}), flush=True)
     cache = args.dir / "cache"
     shutil.rmtree(cache, ignore_errors=True)
