@@ -2,14 +2,17 @@
 
 Decoding follows lerobot's PyAV path: seek to the keyframe at or before the first wanted
 timestamp, decode forward past the last, and take for each wanted timestamp the nearest
-decoded frame, which must lie within `tolerance_s`. Unlike lerobot (which opens the file
-for every example) each process keeps its containers open, opened on first use in that
-process: a DataLoader worker opens its own after the fork, never inherits one.
+decoded frame, which must lie within `tolerance_s`. Unlike lerobot's PyAV path (which
+opens the file for every example) each process keeps its containers open, opened on first
+use in that process: a DataLoader worker opens its own after the fork, never inherits one,
+and decodes on one thread. Only the frames picked are converted to RGB, once each.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections import OrderedDict
 from fractions import Fraction
 from pathlib import Path
@@ -108,6 +111,8 @@ class VideoFrames:
         container = self._containers.get(path)
         if container is None:
             container = av.open(str(path))
+            if _in_data_worker():  # each worker one thread: workers × cores would oversubscribe
+                container.streams.video[0].codec_context.thread_count = 1
             self._containers[path] = container
             if len(self._containers) > _OPEN_LIMIT:
                 self._containers.popitem(last=False)[1].close()
@@ -121,7 +126,7 @@ class VideoFrames:
         import av
 
         first, last = min(timestamps), max(timestamps)
-        decoded: list[np.ndarray] = []
+        decoded: list[av.VideoFrame] = []
         times: list[float] = []
 
         def where(i: int = 0) -> str:
@@ -130,7 +135,7 @@ class VideoFrames:
         try:
             container = self._container(path)
             stream = container.streams.video[0]
-            container.seek(max(0, round(first / stream.time_base) - 1), backward=True,
+            container.seek(_seek_target(first, stream.time_base), backward=True,
                            any_frame=False, stream=stream)
             for frame in container.decode(stream):
                 if frame.pts is None:
@@ -138,26 +143,47 @@ class VideoFrames:
                 t = float(frame.pts * stream.time_base)
                 if t < first - self.tolerance_s:
                     continue
-                decoded.append(frame.to_ndarray(format="rgb24"))
+                decoded.append(frame)  # converted below only if it is picked
                 times.append(t)
                 if t >= last:
                     break
+            loaded = np.asarray(times)
+            picked: dict[int, np.ndarray] = {}
+            order = []
+            for i, t in enumerate(timestamps):
+                nearest = int(np.abs(loaded - t).argmin()) if len(loaded) else -1
+                if nearest < 0 or abs(loaded[nearest] - t) > self.tolerance_s:
+                    found = (f"the nearest decoded frame is at {loaded[nearest]:.4f} s"
+                             if nearest >= 0 else "no frame decodes from there on")
+                    raise LeRobotDecodeError(
+                        f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
+                        f"({where(i)}): {found}")
+                if nearest not in picked:
+                    picked[nearest] = decoded[nearest].to_ndarray(format="rgb24")
+                order.append(picked[nearest])
         except (av.error.FFmpegError, OSError) as exc:
             self._containers.pop(path, None)
             raise LeRobotDecodeError(f"cannot decode the video frame at t={first:.4f} s "
                                      f"({where()}): {exc}") from None
-        loaded = np.asarray(times)
-        picked = []
-        for i, t in enumerate(timestamps):
-            nearest = int(np.abs(loaded - t).argmin()) if len(loaded) else -1
-            if nearest < 0 or abs(loaded[nearest] - t) > self.tolerance_s:
-                found = (f"the nearest decoded frame is at {loaded[nearest]:.4f} s"
-                         if nearest >= 0 else "no frame decodes from there on")
-                raise LeRobotDecodeError(
-                    f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
-                    f"({where(i)}): {found}")
-            picked.append(decoded[nearest])
-        return np.stack(picked)
+        return np.stack(order)
+
+
+def _in_data_worker() -> bool:
+    """Whether this process is a DataLoader worker (torch is imported there already)."""
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
+
+
+def _seek_target(first: float, time_base: Fraction) -> int:
+    """The stream time to seek back from (to the keyframe at or before it) for frames
+    from `first` seconds on.
+
+    At most a quarter tick past `first`: the keyframe reached is then nearer to every
+    wanted time than any frame before it (those lie a whole tick earlier), so the frames
+    skipped could never be the nearest, and a keyframe at `first` itself (every other
+    frame, as lerobot records) is decoded from, not the one before it.
+    """
+    return max(0, math.floor(first / time_base + 0.25))
 
 
 def encode_video(path: Path, frames: np.ndarray, fps: int, *, codec: str = VIDEO_CODEC,
