@@ -48,16 +48,17 @@ def frames(n: int, h: int, w: int, seed: int) -> np.ndarray:
     return out
 
 
-def write(root: Path, h: int, w: int, episodes: int, length: int, codec: str) -> Path:
+def write(root: Path, h: int, w: int, episodes: int, length: int, codec: str,
+          key: str = KEY) -> Path:
     from embodichain_models.data.lerobot import video, writer
     from embodichain_models.data.lerobot.writer import EpisodeData, feature, write_dataset
 
     writer.encode_video = partial(video.encode_video, codec=codec)  # the writer's encoder
     recorded = [EpisodeData("move", {
-        KEY: frames(length, h, w, e),
+        key: frames(length, h, w, e),
         "observation.state": np.zeros((length, 2), np.float32),
         "action": np.zeros((length, 2), np.float32)}) for e in range(episodes)]
-    features = {KEY: feature("video", (h, w, 3)), "observation.state": feature("float32", (2,)),
+    features = {key: feature("video", (h, w, 3)), "observation.state": feature("float32", (2,)),
                 "action": feature("float32", (2,))}
     return write_dataset(root, recorded, features, FPS, episodes_per_file=max(1, episodes // 2))
 

@@ -80,8 +80,8 @@ def test_frames_equal_a_plain_decode_from_the_start_bitwise(layout: str,
             assert np.array_equal(got[k], reference[i]), (layout, wanted, k)
 
 
-class _ThreadsOf:
-    """A dataset giving the decoder thread count of the container that decoded its item."""
+class _Frames:
+    """Decodes frame i of one video; gives the decoder's thread count."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.videos = path, VideoFrames(tolerance_s=1e-4)
@@ -94,13 +94,19 @@ class _ThreadsOf:
         return self.videos._containers[self.path].streams.video[0].codec_context.thread_count
 
 
-def test_a_dataloader_worker_decodes_on_one_thread(tmp_path: Path) -> None:
-    """Catches decoder threads left at FFmpeg's default (one per core) inside DataLoader
-    workers, where workers × cores threads would contend for the same cores."""
+def test_decoders_run_on_one_thread_so_workers_forked_after_decoding_do_not_hang(
+        tmp_path: Path) -> None:
+    """Catches decoder threads left at FFmpeg's default (a thread per core), in the
+    training process or in workers: workers x cores threads contend for the cores, and a
+    threaded decoder inherited over a fork (the training process decodes when a source is
+    opened) can deadlock the worker that frees it, its threads gone (seen in this suite;
+    the DataLoader's timeout turns such a hang into a failure)."""
     import torch
 
     path = tmp_path / "v.mp4"
-    encode_video(path, _clip(8), FPS)
-    loader = torch.utils.data.DataLoader(_ThreadsOf(path), batch_size=2, num_workers=2,
-                                         multiprocessing_context="fork")
-    assert [int(n) for batch in loader for n in batch] == [1, 1, 1, 1]
+    encode_video(path, np.repeat(np.repeat(_clip(8), 8, axis=1), 8, axis=2), FPS)
+    dataset = _Frames(path)
+    assert dataset[0] == 1  # decoded in this process before the fork
+    loader = torch.utils.data.DataLoader(dataset, batch_size=2, num_workers=2, timeout=30,
+                                         multiprocessing_context="fork", collate_fn=list)
+    assert [n for batch in loader for n in batch] == [1, 1, 1, 1]

@@ -4,15 +4,14 @@ Decoding follows lerobot's PyAV path: seek to the keyframe at or before the firs
 timestamp, decode forward past the last, and take for each wanted timestamp the nearest
 decoded frame, which must lie within `tolerance_s`. Unlike lerobot's PyAV path (which
 opens the file for every example) each process keeps its containers open, opened on first
-use in that process: a DataLoader worker opens its own after the fork, never inherits one,
-and decodes on one thread. Only the frames picked are converted to RGB, once each.
+use in that process: a DataLoader worker opens its own after the fork, never inherits one.
+Decoders run on one thread. Only the frames picked are converted to RGB, once each.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 from collections import OrderedDict
 from fractions import Fraction
 from pathlib import Path
@@ -97,22 +96,41 @@ class VideoFrames:
         self.tolerance_s = tolerance_s
         self._containers: OrderedDict[Path, object] = OrderedDict()
         self._pid = os.getpid()
+        self._rgb = None  # one colour converter for every frame (see `_to_rgb`)
 
     def __getstate__(self) -> dict:
         return {"tolerance_s": self.tolerance_s, "_containers": OrderedDict(),
-                "_pid": None}  # never pickle an open container
+                "_pid": None, "_rgb": None}  # never pickle an open container
+
+    def _to_rgb(self, frame) -> np.ndarray:
+        """uint8 `[H, W, 3]`, exactly `frame.to_ndarray(format="rgb24")`.
+
+        `to_ndarray` gives each frame a converter of its own, with swscale's default of a
+        thread pool (one thread per core): set up for every frame decoded, that cost more
+        than converting a 224x224 frame, and the threads contend with the workers'. One
+        single-threaded converter per process (made after a fork: a thread pool does not
+        survive one) reuses its context while the size and format stay the same.
+        """
+        if self._rgb is None:  # reset after a fork by `_container`
+            from av.video.reformatter import VideoReformatter
+
+            self._rgb = VideoReformatter()
+        return self._rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
     def _container(self, path: Path):
         import av
 
         if self._pid != os.getpid():  # forked: the parent's containers are not ours
-            self._containers = OrderedDict()
+            self._containers, self._rgb = OrderedDict(), None
             self._pid = os.getpid()
         container = self._containers.get(path)
         if container is None:
             container = av.open(str(path))
-            if _in_data_worker():  # each worker one thread: workers × cores would oversubscribe
-                container.streams.video[0].codec_context.thread_count = 1
+            # One decoder thread, in every process: FFmpeg's default (a thread per core)
+            # would oversubscribe the cores under N workers, and a threaded decoder opened
+            # before a fork (the training process decodes examples when a source is opened)
+            # deadlocks the worker that frees it, since its threads did not survive.
+            container.streams.video[0].codec_context.thread_count = 1
             self._containers[path] = container
             if len(self._containers) > _OPEN_LIMIT:
                 self._containers.popitem(last=False)[1].close()
@@ -159,19 +177,13 @@ class VideoFrames:
                         f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
                         f"({where(i)}): {found}")
                 if nearest not in picked:
-                    picked[nearest] = decoded[nearest].to_ndarray(format="rgb24")
+                    picked[nearest] = self._to_rgb(decoded[nearest])
                 order.append(picked[nearest])
         except (av.error.FFmpegError, OSError) as exc:
             self._containers.pop(path, None)
             raise LeRobotDecodeError(f"cannot decode the video frame at t={first:.4f} s "
                                      f"({where()}): {exc}") from None
         return np.stack(order)
-
-
-def _in_data_worker() -> bool:
-    """Whether this process is a DataLoader worker (torch is imported there already)."""
-    data = sys.modules.get("torch.utils.data")
-    return data is not None and data.get_worker_info() is not None
 
 
 def _seek_target(first: float, time_base: Fraction) -> int:
