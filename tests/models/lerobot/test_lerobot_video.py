@@ -57,7 +57,7 @@ def test_frames_equal_a_plain_decode_from_the_start_bitwise(layout: str,
     """Catches a seek that lands after the first wanted frame (e.g. from the last wanted
     time, or a frame too late: a frame off by one, or a refusal), frames picked from the
     wrong place in a window (repeated and unsorted times) and a colour conversion that
-    differs from PyAV's rgb24 (another format or chroma interpolation): every window of
+    differs from PyAV's rgb24 (e.g. BGR channel order): every window of
     1-3 frames, in a shuffled order on one open container, equals the frames nearest its
     times in a decode of every frame from the start."""
     n = 40
