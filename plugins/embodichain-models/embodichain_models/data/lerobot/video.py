@@ -2,13 +2,15 @@
 
 Decoding follows lerobot's PyAV path: seek to the keyframe at or before the first wanted
 timestamp, decode forward past the last, and take for each wanted timestamp the nearest
-decoded frame, which must lie within `tolerance_s`. Unlike lerobot (which opens the file
-for every example) each process keeps its containers open, opened on first use in that
-process: a DataLoader worker opens its own after the fork, never inherits one.
+decoded frame, which must lie within `tolerance_s`. Unlike lerobot's PyAV path (which
+opens the file for every example) each process keeps its containers open, opened on first
+use in that process: a DataLoader worker opens its own after the fork, never inherits one.
+Decoders run on one thread. Only the frames picked are converted to RGB, once each.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import OrderedDict
 from fractions import Fraction
@@ -94,20 +96,41 @@ class VideoFrames:
         self.tolerance_s = tolerance_s
         self._containers: OrderedDict[Path, object] = OrderedDict()
         self._pid = os.getpid()
+        self._rgb = None  # one colour converter for every frame (see `_to_rgb`)
 
     def __getstate__(self) -> dict:
         return {"tolerance_s": self.tolerance_s, "_containers": OrderedDict(),
-                "_pid": None}  # never pickle an open container
+                "_pid": None, "_rgb": None}  # never pickle an open container
+
+    def _to_rgb(self, frame) -> np.ndarray:
+        """uint8 `[H, W, 3]`, exactly `frame.to_ndarray(format="rgb24")`.
+
+        `to_ndarray` gives each frame a converter of its own, with swscale's default of a
+        thread pool (one thread per core): set up for every frame decoded, that cost more
+        than converting a 224x224 frame, and the threads contend with the workers'. One
+        single-threaded converter per process (made after a fork: a thread pool does not
+        survive one) reuses its context while the size and format stay the same.
+        """
+        if self._rgb is None:  # reset after a fork by `_container`
+            from av.video.reformatter import VideoReformatter
+
+            self._rgb = VideoReformatter()
+        return self._rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
 
     def _container(self, path: Path):
         import av
 
         if self._pid != os.getpid():  # forked: the parent's containers are not ours
-            self._containers = OrderedDict()
+            self._containers, self._rgb = OrderedDict(), None
             self._pid = os.getpid()
         container = self._containers.get(path)
         if container is None:
             container = av.open(str(path))
+            # One decoder thread, in every process: FFmpeg's default (a thread per core)
+            # would oversubscribe the cores under N workers, and a threaded decoder opened
+            # before a fork (the training process decodes examples when a source is opened)
+            # deadlocks the worker that frees it, since its threads did not survive.
+            container.streams.video[0].codec_context.thread_count = 1
             self._containers[path] = container
             if len(self._containers) > _OPEN_LIMIT:
                 self._containers.popitem(last=False)[1].close()
@@ -121,7 +144,7 @@ class VideoFrames:
         import av
 
         first, last = min(timestamps), max(timestamps)
-        decoded: list[np.ndarray] = []
+        decoded: list[av.VideoFrame] = []
         times: list[float] = []
 
         def where(i: int = 0) -> str:
@@ -130,7 +153,7 @@ class VideoFrames:
         try:
             container = self._container(path)
             stream = container.streams.video[0]
-            container.seek(max(0, round(first / stream.time_base) - 1), backward=True,
+            container.seek(_seek_target(first, stream.time_base), backward=True,
                            any_frame=False, stream=stream)
             for frame in container.decode(stream):
                 if frame.pts is None:
@@ -138,26 +161,41 @@ class VideoFrames:
                 t = float(frame.pts * stream.time_base)
                 if t < first - self.tolerance_s:
                     continue
-                decoded.append(frame.to_ndarray(format="rgb24"))
+                decoded.append(frame)  # converted below only if it is picked
                 times.append(t)
                 if t >= last:
                     break
+            loaded = np.asarray(times)
+            picked: dict[int, np.ndarray] = {}
+            order = []
+            for i, t in enumerate(timestamps):
+                nearest = int(np.abs(loaded - t).argmin()) if len(loaded) else -1
+                if nearest < 0 or abs(loaded[nearest] - t) > self.tolerance_s:
+                    found = (f"the nearest decoded frame is at {loaded[nearest]:.4f} s"
+                             if nearest >= 0 else "no frame decodes from there on")
+                    raise LeRobotDecodeError(
+                        f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
+                        f"({where(i)}): {found}")
+                if nearest not in picked:
+                    picked[nearest] = self._to_rgb(decoded[nearest])
+                order.append(picked[nearest])
         except (av.error.FFmpegError, OSError) as exc:
             self._containers.pop(path, None)
             raise LeRobotDecodeError(f"cannot decode the video frame at t={first:.4f} s "
                                      f"({where()}): {exc}") from None
-        loaded = np.asarray(times)
-        picked = []
-        for i, t in enumerate(timestamps):
-            nearest = int(np.abs(loaded - t).argmin()) if len(loaded) else -1
-            if nearest < 0 or abs(loaded[nearest] - t) > self.tolerance_s:
-                found = (f"the nearest decoded frame is at {loaded[nearest]:.4f} s"
-                         if nearest >= 0 else "no frame decodes from there on")
-                raise LeRobotDecodeError(
-                    f"no video frame within tolerance_s={self.tolerance_s} of t={t:.4f} s "
-                    f"({where(i)}): {found}")
-            picked.append(decoded[nearest])
-        return np.stack(picked)
+        return np.stack(order)
+
+
+def _seek_target(first: float, time_base: Fraction) -> int:
+    """The stream time to seek back from (to the keyframe at or before it) for frames
+    from `first` seconds on.
+
+    At most a quarter tick past `first`: the keyframe reached is then nearer to every
+    wanted time than any frame before it (those lie a whole tick earlier), so the frames
+    skipped could never be the nearest, and a keyframe at `first` itself (every other
+    frame, as lerobot records) is decoded from, not the one before it.
+    """
+    return max(0, math.floor(first / time_base + 0.25))
 
 
 def encode_video(path: Path, frames: np.ndarray, fps: int, *, codec: str = VIDEO_CODEC,
