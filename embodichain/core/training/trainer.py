@@ -14,6 +14,7 @@ from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.names import LAST, step_filename
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.checkpoint.writer import SAVE_DUE, SAVE_FAILED
+from embodichain.core.data.micro_batches import TimedLoads
 from embodichain.core.data.mixture import part_counts, part_metrics
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
@@ -190,15 +191,18 @@ class SupervisedTrainer:
 
     def _update(self, stop: StopRequest | None) -> UpdateResult:
         """One update on every rank; the stop flags, rank 0's note and each rank's wait for
-        its data ride its all-reduce."""
+        its data ride its all-reduce. The wait counts the update's loading wherever it
+        happens: before the update, and each micro-batch read as the learner reaches it
+        (under G one micro-batch is loaded at a time, inside the update)."""
         with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
-            batches = self.loader.next_update()
+            batches = TimedLoads(self.loader.next_update())
+            before = time.perf_counter() - started
             return self.learner.update(self.objective, batches,
                                        stop=stop.flag if stop is not None else 0.0,
                                        rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=time.perf_counter() - started,
+                                       data_wait=lambda: before + batches.seconds,
                                        part_counts=counts)
 
     @property
