@@ -233,3 +233,35 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
     assert "Root Cause" in proc.stderr and "exitcode  : 1" in proc.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert max(r["step"] for r in records) == 10  # nothing trained after the failure
+
+
+def test_a_validation_failure_before_the_forward_is_what_the_run_records(tmp_path: Path
+                                                                          ) -> None:
+    """Under fsdp rank 1's `evaluate` fails before its forward, so rank 0 is inside the
+    forward's all-gather waiting for it (R-STRAT-2). Every rank has ended within 30 s of the
+    failure, and the failing rank's own message (not rank 0's lost connection) is what
+    run.json's `failed` event and `embodichain runs` show. Catches a failing rank that
+    enters another collective instead of stopping (a hang until the timeout) and rank 0's
+    "validation failed on rank 0: ... Connection closed by peer" recorded as the run's
+    failure, hiding the cause."""
+    import time
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{**RUN, "factory": "failing_validation:before_forward_on_rank_one",
+                             "trainer.strategy": "fsdp", "trainer.max_updates": 30,
+                             "trainer.validate_every": 10})
+    failed_at = tmp_path / "failed_at"
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env={**env(), "FAILED_AT_FILE": str(failed_at)}, timeout=120)
+    ended = time.time()
+    assert proc.returncode != 0, proc.stderr
+    assert ended - float(failed_at.read_text()) < 30, proc.stderr[-3000:]
+    message = ("validation failed on rank 1 at update 10: ValueError: the validation corpus "
+               "of rank 1 is unreadable")
+    assert message in proc.stderr, proc.stderr[-3000:]
+    events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 1 and message in failed[0]["error"], events
+    shown = run_cli("runs", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert message in " ".join(shown.stdout.split()), shown.stdout
