@@ -114,22 +114,33 @@ def _report(differences: dict[str, float]) -> None:
           f"{len(differences)} tensors)")
 
 
+class _Uninterrupted(dict):
+    """The runs never interrupted, each trained when a test first asks for it (so that CI's
+    fresh-worker pass, which picks a few of these tests, trains only the runs they use):
+    {world size: run directory} with replacement, {"epochs": ...} of two ranks in epochs
+    (200 examples: 6 updates of 32 an epoch), and {"fsdp<world size>": ...} sharded."""
+
+    KINDS = {2: (2, {}), 1: (1, {}), "epochs": (2, {"trainer.sampling": "epochs"}),
+             "fsdp2": (2, FSDP), "fsdp1": (1, FSDP)}
+
+    def __init__(self, base: Path) -> None:
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, key: object) -> Path:
+        ranks, changes = self.KINDS[key]
+        run, records = self.base / f"ref{key}", self.base / f"ref{key}_records"
+        records.mkdir()
+        recipe = data_recipe(self.base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
+        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
+        self[key] = run
+        return run
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path]:
-    """The runs never interrupted: {world size: run directory} with replacement,
-    {"epochs": ...} of two ranks in epochs (200 examples: 6 updates of 32 an epoch), and
-    {"fsdp<world size>": ...} sharded."""
-    base = tmp_path_factory.mktemp("elastic")
-    runs: dict[object, Path] = {}
-    for key, ranks, changes in ((2, 2, {}), (1, 1, {}),
-                                ("epochs", 2, {"trainer.sampling": "epochs"}),
-                                ("fsdp2", 2, FSDP), ("fsdp1", 1, FSDP)):
-        run, records = base / f"ref{key}", base / f"ref{key}_records"
-        records.mkdir()
-        recipe = data_recipe(base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
-        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
-        runs[key] = run
-    return runs
+    """The runs never interrupted (`_Uninterrupted`), shared by the tests of this module."""
+    return _Uninterrupted(tmp_path_factory.mktemp("elastic"))
 
 
 @pytest.mark.slow
