@@ -82,7 +82,8 @@ def test_under_g_the_data_wait_counts_the_micro_batches_loaded_inside_the_update
     """Under G each micro-batch is loaded when the learner reaches it, inside the update:
     every rank's measured wait of every update is at least what its examples slept (16 x
     2 ms on rank 0, 16 x 6 ms on rank 1), and the all-reduce brings each rank's own wait
-    back in its own slot, unchanged (float32). Catches the wait taken before the update
+    back in its own slot, unchanged (float32); `time/data_wait` times the window between
+    two log lines is at least half rank 0's sleep. Catches the wait taken before the update
     (where nothing is loaded under G: about 0, so `time/data_wait` says the data never
     holds training back) and waits averaged or mixed up between ranks."""
     waits = _waits(probed_run)
@@ -95,6 +96,14 @@ def test_under_g_the_data_wait_counts_the_micro_batches_loaded_inside_the_update
     for step in range(1, 11):
         carried = [_float32(waits[r][step]["own"]) for r in (0, 1)]
         assert waits[0][step]["waits"] == waits[1][step]["waits"] == carried, step
+    # The recorded share itself: rank 0's waits over updates 6..10 (at least 5 x 32 ms of
+    # sleep) over the window between the two log lines, which `time/elapsed_s` brackets to
+    # within a few statements (half the sleep is a bound no scheduling delay comes near).
+    first, second = [json.loads(line) for line in (probed_run / "run/metrics.jsonl").open()
+                     if "time/data_wait" in line]
+    window = second["time/elapsed_s"] - first["time/elapsed_s"]
+    assert second["time/data_wait"] * window >= 0.5 * 5 * EXAMPLES_PER_RANK * SLEEP_S, \
+        (second, window)
 
 
 @pytest.mark.slow
