@@ -256,6 +256,23 @@ class SupervisedTrainer:
         rank 0 records, and its callbacks may `save()` (written as validation ends)."""
         if self.evaluate is None:
             return
+        try:
+            failure = self._validate_here(progress)
+            # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging
+            # it. Every rank takes rank 0's standing on the best metric: all agree on an
+            # early stop.
+            outcome = process_group.raise_if_rank_zero_failed(
+                failure, f"validation failed on rank 0 at update {self.step}",
+                f"rank 0 at update {self.step}", best_tracker=self.tracker.state_dict())
+        except RuntimeError as exc:  # a peer gone: its own validation failure, if it left one
+            cause = process_group.failure_left_by_peers()
+            if cause is None:
+                raise
+            raise ValidationFailed(cause) from exc
+        self.tracker.load_state_dict(outcome["best_tracker"])
+
+    def _validate_here(self, progress: ProgressReporter) -> str | None:
+        """This rank's part of a validation; rank 0's failure (None: none), for the others."""
         failure = None
         with self.checkpoints.validating(self):
             try:
@@ -274,12 +291,7 @@ class SupervisedTrainer:
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 log.exception("validation failed at update %d", self.step)
-        # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
-        # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
-        outcome = process_group.raise_if_rank_zero_failed(
-            failure, f"validation failed on rank 0 at update {self.step}",
-            f"rank 0 at update {self.step}", best_tracker=self.tracker.state_dict())
-        self.tracker.load_state_dict(outcome["best_tracker"])
+        return failure
 
     def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
                          ) -> None:

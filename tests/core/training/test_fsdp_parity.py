@@ -214,8 +214,9 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
     """Under fsdp every rank runs `evaluate`; rank 1's fails. Every rank exits non-zero
     within 30 s and torchrun's report carries rank 1's message naming its rank and error.
     Catches: the failure swallowed on rank 1 (it then computed no metrics and rank 0 went
-    on, or waited in a collective for a rank that gave up), or a failing rank that enters
-    another collective instead of stopping."""
+    on, or waited in a collective for a rank that gave up), a failing rank that enters
+    another collective instead of stopping, and rank 0's lost connection recorded in
+    run.json as the run's failure instead of rank 1's message."""
     import time
 
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
@@ -233,6 +234,11 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
     assert "Root Cause" in proc.stderr and "exitcode  : 1" in proc.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert max(r["step"] for r in records) == 10  # nothing trained after the failure
+    # rank 0, waiting for rank 1 in the collective after validation, records rank 1's words
+    events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 1 and ("validation failed on rank 1 at update 10: ValueError"
+                                 in failed[0]["error"]), events
 
 
 def test_a_validation_failure_before_the_forward_is_what_the_run_records(tmp_path: Path
