@@ -241,6 +241,7 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
                                  in failed[0]["error"]), events
 
 
+@pytest.mark.slow  # a 2-worker run to update 10: kept out of the quick loop
 def test_a_validation_failure_before_the_forward_is_what_the_run_records(tmp_path: Path
                                                                           ) -> None:
     """Under fsdp rank 1's `evaluate` fails before its forward, so rank 0 is inside the
