@@ -63,6 +63,10 @@ def train_sl(
     init_allow_unexpected: Annotated[bool, typer.Option(
         "--init-allow-unexpected", help="With --init-from: tensors of the file the model "
         "lacks are dropped.")] = False,
+    init_skip: Annotated[list[str] | None, typer.Option(
+        "--init-skip", metavar="REGEX", help="With --init-from: model tensors whose name "
+        "matches REGEX (searched; repeatable) keep their own initialisation, e.g. a resized "
+        "head: --init-skip '^head\\.'.")] = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the resolved recipe and exit.")] = False,
     nproc_per_node: NprocOpt = None,
@@ -77,7 +81,7 @@ def train_sl(
         from embodichain.core.launch.self_launch import should_launch, worker_command
 
         init = _init_from(init_from, init_from_ema, init_allow_missing, init_allow_unexpected,
-                          resume)
+                          resume, init_skip or [])
         # The public API's path (R-API-1): what this machine cannot serve is refused before
         # any worker starts (exit 2); warnings are shown once.
         recipe = api.load_recipe(config, overrides or [],
@@ -96,31 +100,35 @@ def train_sl(
                          ("--init-from", init_from), ("--init-from-ema", init_from_ema),
                          ("--init-allow-missing", init_allow_missing),
                          ("--init-allow-unexpected", init_allow_unexpected),
+                         ("--init-skip", init_skip or []),
                          ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
         api.train(recipe, resume=resume, show_progress=not no_progress, init_from=init)
 
 
 def _init_from(path: Path | None, ema: bool, allow_missing: bool, allow_unexpected: bool,
-               resume: str | None) -> InitFrom | None:
+               resume: str | None, skip: list[str]) -> InitFrom | None:
     """The `InitFrom` the --init-* options ask for (None without --init-from); refuses
-    (exit 2) --init-from with --resume, and --init-* options without --init-from."""
+    (exit 2) --init-from with --resume (but `--resume auto`: the weights start the run, a
+    restart continues its snapshots), and --init-* options without --init-from."""
     from embodichain.core.errors import UsageError
 
     if path is None:
         given = [name for name, on in (("--init-from-ema", ema),
                                        ("--init-allow-missing", allow_missing),
-                                       ("--init-allow-unexpected", allow_unexpected)) if on]
+                                       ("--init-allow-unexpected", allow_unexpected),
+                                       ("--init-skip", bool(skip))) if on]
         if given:
             raise UsageError(f"{', '.join(given)} needs --init-from CKPT")
         return None
-    if resume is not None:
+    if resume not in (None, "auto"):
         raise UsageError(f"--init-from {path} and --resume {resume} exclude each other: "
                          "--resume continues a run exactly, --init-from starts a new one "
-                         "from its weights; give only one")
+                         "from its weights; give only one (--resume auto with --init-from: "
+                         "the weights start the run, a restart continues its snapshots)")
     from embodichain.core.checkpoint.initial_weights import InitFrom
 
-    return InitFrom(path, ema, allow_missing, allow_unexpected)
+    return InitFrom(path, ema, allow_missing, allow_unexpected, tuple(skip))
 
 
 def local_ranks(nproc_per_node: int | None) -> int:
