@@ -88,7 +88,8 @@ def train_sl(
                                  local_ranks=local_ranks(nproc_per_node), warn=False)
         print_warnings(recipe.warnings)
         if init_from is not None and not init_from.is_file() and (
-                print_config or should_launch(nproc_per_node)):  # before any worker starts
+                print_config or should_launch(nproc_per_node)) and not _continues(
+                    resume, recipe.config.trainer.output_dir):  # before any worker starts
             raise UsageError(f"--init-from {init_from}: no such checkpoint or state_dict file")
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
@@ -129,6 +130,14 @@ def _init_from(path: Path | None, ema: bool, allow_missing: bool, allow_unexpect
     from embodichain.core.checkpoint.initial_weights import InitFrom
 
     return InitFrom(path, ema, allow_missing, allow_unexpected, tuple(skip))
+
+
+def _continues(resume: str | None, output_dir: str) -> bool:
+    """Whether `--resume auto` will continue a run in `output_dir` (so reads no
+    `--init-from` weights: they start a run, a restart or requeue continues it)."""
+    from embodichain.core.runs.run_dir import RUN_JSON
+
+    return resume == "auto" and (Path(output_dir) / RUN_JSON).is_file()
 
 
 def local_ranks(nproc_per_node: int | None) -> int:

@@ -2,7 +2,9 @@
 the Learner and its strategy: a sharded model gathered whole) to
 `$INIT_DUMP_DIR/rank<RANK>.pt`, so a test can compare them bitwise with the weights
 `--init-from` named. `INIT_EXTRA_HEAD=1` appends a layer (`3.weight`, `3.bias`): a model
-with tensors a plain sl_ddp checkpoint lacks. Without these variables, training is sl_ddp's.
+with tensors a plain sl_ddp checkpoint lacks; `INIT_HEAD_WIDTH=N` makes that head two layers
+through N units (`3.weight` (N, 2) ... `4.bias`): a resized head. Without these variables,
+training is sl_ddp's.
 
 Named in recipes as `initial_dump:build_supervised_trainer` with tests/factories on
 PYTHONPATH.
@@ -22,7 +24,9 @@ from embodichain.plugins import sl_ddp
 def build_supervised_trainer(config, device):
     if os.environ.get("INIT_EXTRA_HEAD"):
         plain = sl_ddp.make_model
-        sl_ddp.make_model = lambda hidden: nn.Sequential(*plain(hidden), nn.Linear(2, 2))
+        width = int(os.environ.get("INIT_HEAD_WIDTH", "0"))
+        extra = [nn.Linear(2, width), nn.Linear(width, 2)] if width else [nn.Linear(2, 2)]
+        sl_ddp.make_model = lambda hidden: nn.Sequential(*plain(hidden), *extra)
         try:
             trainer = sl_ddp.build_supervised_trainer(config, device)
         finally:
