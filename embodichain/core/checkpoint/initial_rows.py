@@ -21,32 +21,33 @@ import torch
 from torch import nn
 
 from embodichain.core.checkpoint import recut_exchange as exchange
-from embodichain.core.checkpoint.initial_weights import InitialWeights, tensors_in
 from embodichain.core.checkpoint.recut import file_sha256
 from embodichain.core.checkpoint.sharded import dim0_cut, local
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 
 
-def load_rows(model: nn.Module, weights: InitialWeights, names: Sequence[str]) -> None:
-    """Copy the tensors `names` of `weights` into `model` (spread by its strategy), this
-    rank's rows of each (collective: every rank calls it with the same `names`)."""
+def load_rows(model: nn.Module, names: Sequence[str], *, directory: str,
+              pieces: Mapping[int, Mapping[str, Any]], view: str, where: str) -> None:
+    """Copy the tensors `names` of the files `pieces` (initial_weights.InitialWeights) into
+    `model` (spread by its strategy), this rank's rows of each (collective: every rank
+    calls it with the same `names`). `where` names the source in messages."""
     own = model.state_dict()
-    directory = Path(weights.directory)
+    folder = Path(directory)
     pieces = {k: {**e, "cuts": {"model": {n: e["cuts"]["model"].get(n) for n in names},
                                 "optimizer": {}}}
-              for k, e in weights.pieces.items()}
+              for k, e in pieces.items()}
     mine = {"model": {n: own_cut(own[n]) for n in names}, "params": []}
     need = {k for k, e in pieces.items() if exchange.row_pairs(e["cuts"], mine, False)}
-    views = exchange.gather_view(pieces, directory, need, mine)
-    plan = exchange.plan(pieces, directory, views)
+    views = exchange.gather_view(pieces, folder, need, mine)
+    plan = exchange.plan(pieces, folder, views)
     rank = process_group.rank()
     problems = [p for k in plan.verify[rank]
-                if (p := _check(directory, k, pieces[k])) is not None]
+                if (p := _check(folder, k, pieces[k])) is not None]
     everyone = process_group.broadcast_from_rank_zero(process_group.gather_to_rank_zero(problems))
     unique = list(dict.fromkeys([*plan.unreachable, *(p for found in everyone for p in found)]))
     if unique:
-        raise CheckpointError(f"--init-from {weights.record['path']}: " + "; ".join(unique)
+        raise CheckpointError(f"--init-from {where}: " + "; ".join(unique)
                               + ". Nothing was loaded.")
 
     def target(key: tuple) -> torch.Tensor:
@@ -59,7 +60,7 @@ def load_rows(model: nn.Module, weights: InitialWeights, names: Sequence[str]) -
         src, dsts = plan.sends.get(k, (None, []))
         shard = None
         if k in plan.read[rank] or src == rank:
-            shard = _mapped(directory / pieces[k]["file"], weights.view, names)
+            shard = _mapped(folder / pieces[k]["file"], view, names)
         with torch.no_grad():
             if k in plan.read[rank]:
                 for key, cut, new in exchange.row_pairs(cuts, plan.cuts[rank], False):
@@ -79,7 +80,7 @@ def load_rows(model: nn.Module, weights: InitialWeights, names: Sequence[str]) -
         del shard  # unmapped before the next one is mapped
     for name, cut in mine["model"].items():
         if cut is not None and copied.get(name, 0) != cut[1]:
-            raise CheckpointCorruptError(f"--init-from {weights.record['path']}: its files "
+            raise CheckpointCorruptError(f"--init-from {where}: its files "
                                          f"gave {copied.get(name, 0)} of the {cut[1]} rows of "
                                          f"{name} on this rank")
 
@@ -101,6 +102,19 @@ def _mapped(path: Path, view: str, names: Sequence[str]) -> dict[str, Any]:
     tensors = tensors_in(data, view)
     return {"model": {n: t.reshape(1) if t.dim() == 0 else t
                       for n in names if (t := tensors.get(n)) is not None}}
+
+
+def tensors_in(data: Mapping[str, Any], view: str) -> Mapping[str, torch.Tensor] | None:
+    """The tensors of one loaded (or mapped) file, as `view` says where they sit: "flat" (an
+    export), "shard.model" / "shard.ema" (a shard), "learner.model" / "learner.ema"."""
+    if view == "flat":
+        return data
+    if view.startswith("shard."):
+        return data["payload"][view.split(".")[1]]
+    found = data["payload"]["learner"].get(view.split(".")[1])
+    if isinstance(found, Mapping) and isinstance(found.get("model"), Mapping):
+        found = found["model"]  # an EMA kept as a mapping holding its state_dict
+    return found
 
 
 def _check(directory: Path, k: int, piece: Mapping[str, Any]) -> str | None:

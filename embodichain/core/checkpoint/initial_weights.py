@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embodichain.core.checkpoint.initial_rows import load_rows, tensors_in
 from embodichain.core.errors import CheckpointError, RefusedError, UsageError
 
 SHOWN = 6  # names listed in a message before "... (N more)"
@@ -171,18 +172,6 @@ def _rows(shape: Sequence[int]) -> int:
     return int(shape[0]) if len(shape) else 1
 
 
-def tensors_in(data: Mapping[str, Any], view: str) -> Mapping[str, torch.Tensor] | None:
-    """The tensors of one loaded (or mapped) file, as `view` says where they sit."""
-    if view == "flat":
-        return data
-    if view.startswith("shard."):
-        return data["payload"][view.split(".")[1]]
-    found = data["payload"]["learner"].get(view.split(".")[1])
-    if isinstance(found, Mapping) and isinstance(found.get("model"), Mapping):
-        found = found["model"]  # an EMA kept as a mapping holding its state_dict
-    return found
-
-
 def _check_patterns(patterns: Sequence[str]) -> None:
     for pattern in patterns:
         try:
@@ -276,7 +265,6 @@ def load_into(model: nn.Module, weights: InitialWeights) -> None:
     """Copy the file's tensors into `model` by name (each rank its own rows), refusing
     (UsageError) every shape mismatch not skipped, tensors missing on either side unless
     allowed, and a file that shares no tensor with the model, before changing anything."""
-    from embodichain.core.checkpoint.initial_rows import load_rows
     from embodichain.core.distributed import process_group
 
     spec, where = weights.spec, weights.record["path"]
@@ -300,7 +288,8 @@ def load_into(model: nn.Module, weights: InitialWeights) -> None:
         listed = "\n".join(f"  - {p}" for p in problems)
         raise UsageError(f"--init-from {where}: its tensors do not match the model's\n{listed}"
                          "\nNothing was started.")
-    load_rows(model, weights, found.loaded)
+    load_rows(model, found.loaded, directory=weights.directory, pieces=weights.pieces,
+              view=weights.view, where=where)
     if process_group.is_rank_zero():
         logging.getLogger("embodichain").info("%s", summary(found, weights))
 
