@@ -18,13 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.consistency import recipe_problems, recipe_warnings
+from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.limits import framework_limit_problems
-from embodichain.core.recipe.schema import (
-    FrameworkConfig,
-    combined_schema,
-    global_batch_problem,
-    resolved_dict,
-)
+from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
 from embodichain.core.recipe.validation_errors import (
     allows_none,
     annotation_at,
