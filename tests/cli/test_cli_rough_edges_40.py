@@ -86,3 +86,31 @@ def test_a_grad_accumulation_that_no_world_size_can_serve_says_leave_it_unset() 
     assert proc.exit_code == 2
     said = " ".join(proc.stderr.split())
     assert "leave trainer.grad_accumulation unset" in said, said
+
+
+def test_a_failing_rank_is_the_message_shown_not_gloos_noise_from_its_peer(
+        tmp_path: Path) -> None:
+    """Rank 1 fails at update 3 under torchrun: its own message is what is printed and what
+    torchrun's report names as the root cause; rank 0, which then finds its peer gone in
+    the update's all-reduce, says so in one line (and so does run.json's `failed` event),
+    never gloo's "Connection closed by peer ... GLHF!". Catches the peer's gloo text
+    printed (and recorded) as if it were an error of its own."""
+    import json
+
+    from tests.support import factories_env, run_torchrun, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
+        "factory": "interrupting:build_supervised_trainer", "trainer.max_updates": 20,
+        "trainer.validate_every": 0, "trainer.save_every": 0})
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env=factories_env(EMBODICHAIN_TEST_FAIL_AT="3",
+                                          EMBODICHAIN_TEST_FAIL_RANK="1"))
+    assert proc.returncode == 1, proc.stderr
+    assert "GLHF" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert all("this rank lost another rank in a collective" in line for line in said), said
+    assert "[rank 1] error: RuntimeError: simulated crash at update 3" in proc.stderr
+    root = proc.stderr[proc.stderr.index("Root Cause"):]
+    assert "simulated crash at update 3" in root, proc.stderr
+    events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
+    assert all("GLHF" not in e.get("error", "") for e in events), events
