@@ -114,3 +114,21 @@ def test_a_failing_rank_is_the_message_shown_not_gloos_noise_from_its_peer(
     assert "simulated crash at update 3" in root, proc.stderr
     events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
     assert all("GLHF" not in e.get("error", "") for e in events), events
+
+
+def test_bad_input_under_torchrun_exits_1_with_each_workers_2_as_the_readme_says(
+        tmp_path: Path) -> None:
+    """Bad input under torchrun: torchrun exits 1 and its report shows each worker's
+    `exitcode  : 2`; the README says exactly that beside "Bad input exits 2" (rough edge of
+    issue 40: it said only "exits 2"). Catches the README and the behaviour drifting apart."""
+    from tests.support import run_torchrun, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run")
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress", "--set",
+                        "trainer.batch_size=0")
+    assert proc.returncode == 1, proc.stderr
+    assert "exitcode  : 2" in proc.stderr, proc.stderr  # (the other may be SIGTERMed first)
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "Bad input exits 2" in readme
+    assert "torchrun itself exits 1, and the 2 shows in its failure report as each " \
+        "worker's `exitcode : 2`" in readme
