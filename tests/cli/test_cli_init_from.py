@@ -314,3 +314,52 @@ def test_init_from_under_max_restarts_reads_the_weights_only_at_the_first_start(
     again = run_cli(*command, "--set", "trainer.max_updates=40", env=env)
     assert again.returncode == 0, again.stderr
     assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 40
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_nodes_the_node_without_the_file_receives_only_its_rows(
+        source: Path, tmp_path: Path) -> None:
+    """FSDP over two simulated nodes (torchrun --nnodes=2, each node its own directory), the
+    source named by a relative path that only node 0 holds: each rank's model starts bitwise
+    at the source's weights, and rank 1 receives exactly the elements of its own shard from
+    rank 0 (fewer than the model's). Catches the non-scaling variants in which a rank gets
+    the whole state (a full tensor sent or broadcast to it), and a node that must hold the
+    file (refused, or a crash, where it lacks it)."""
+    import socket
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.processes import run_python_module
+
+    expected = read_checkpoint(source)["payload"]["learner"]["model"]
+    cwds = []
+    for node in (0, 1):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        write_recipe(cwd / "r.yaml", Path("run"), **{**NEW, "trainer.strategy": "fsdp"})
+        cwds.append(cwd)
+    (cwds[0] / "init.pt").write_bytes(source.read_bytes())
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                  f"--rdzv-id={uuid.uuid4().hex[:8]}"]
+
+    def node(rank: int):  # noqa: ANN202
+        return run_python_module(
+            "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={rank}", *rendezvous, "--monitor-interval=0.2", "-m",
+            "embodichain", "train-sl", "--config", "r.yaml", "--no-progress", "--init-from",
+            "init.pt", cwd=cwds[rank], env=factories_env(INIT_DUMP_DIR=str(dumps)))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for proc in pool.map(node, range(2)):
+            assert_ok(proc)
+    for rank in range(2):
+        assert_weights(dumps / f"rank{rank}.pt", expected)
+    received, own = map(int, (dumps / "rank1.counts").read_text().split())
+    whole = sum(t.numel() for t in expected.values())
+    assert received == own < whole, (received, own, whole)
+    assert (dumps / "rank0.counts").read_text().split()[0] == "0"
