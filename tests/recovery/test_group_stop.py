@@ -4,7 +4,7 @@ A batch system stops a job by signalling all of its processes (SLURM's preemptio
 `scancel`, `timeout`, a container stop), and torch's elastic agent passes a signal on to
 each worker's whole process group, data workers included. Each test trains the augmenting
 recipe (a `DatasetSource`, 2 DataLoader workers per rank) in a session of its own, slowed to
-0.1 s per update, and signals it once metrics.jsonl shows progress: `os.killpg` of the
+0.2 s per update, and signals it once metrics.jsonl shows progress: `os.killpg` of the
 launcher's group, as `kill -TERM -- -PGID` does (or of every process group of the job, as
 SLURM does). The broken variant, data workers that die of a signal meant for their rank,
 ends every test the same way: "a data worker process died ... no snapshot was saved", exit
@@ -35,10 +35,10 @@ from tests.support.state_compare import assert_training_state_equal, comparable_
 
 pytestmark = pytest.mark.slow  # every test launches a run with data workers and signals it
 
-MAX_UPDATES = 60
-RECIPE = {"trainer.max_updates": MAX_UPDATES, "trainer.save_every": 30,
+MAX_UPDATES = 40
+RECIPE = {"trainer.max_updates": MAX_UPDATES, "trainer.save_every": 20,
           "trainer.validate_every": 20, "trainer.data_workers": 2}
-PACE = {"EMBODICHAIN_TEST_SLEEP_S": "0.1"}  # time to signal mid-run; results unchanged
+PACE = {"EMBODICHAIN_TEST_SLEEP_S": "0.2"}  # time to signal mid-run; results unchanged
 STOPPED = re.compile(r"stopped by (SIG\w+) at update (\d+) of (\d+): saved (\S+) \(update "
                      r"(\d+)\), so no work is lost")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",

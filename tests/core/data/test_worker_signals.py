@@ -111,6 +111,7 @@ if sys.argv[1] == "close":
 """
 
 
+@pytest.mark.slow  # a fresh interpreter each, to exit through Python's own shutdown
 @pytest.mark.parametrize("how", ["close", "exit"])
 def test_a_data_worker_stuck_in_getitem_still_ends_with_its_rank(how: str, tmp_path: Path
                                                                  ) -> None:
