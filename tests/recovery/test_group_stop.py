@@ -112,8 +112,11 @@ def _signal_mid_run(cmd: list[str], run: Path, tmp_path: Path, sig: int, *, data
             time.sleep(0.05)
         for group in {proc.pid} | ({os.getpgid(p) for p in job} if every_process else set()):
             os.killpg(group, sig)
+        signalled = time.monotonic()
         code = proc.wait(timeout=TIMEOUT)
         ended = time.monotonic()
+        print(f"{signal.Signals(sig).name} to {cmd[2:4]}: the launcher exited "
+              f"{ended - signalled:.1f} s later")
         while any(_alive(pid) for pid in job) and time.monotonic() < ended + 10:
             time.sleep(0.05)
         left = {pid: _name(pid) for pid in job if _alive(pid)}
