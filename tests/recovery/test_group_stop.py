@@ -115,7 +115,9 @@ def _signal_mid_run(cmd: list[str], run: Path, tmp_path: Path, sig: int, *, data
         signalled = time.monotonic()
         code = proc.wait(timeout=TIMEOUT)
         ended = time.monotonic()
-        print(f"{signal.Signals(sig).name} to {cmd[2:4]}: the launcher exited "
+        launcher = "torchrun" if "torch.distributed.run" in cmd else \
+            "self-launch" if "--nproc-per-node" in cmd else "one process"
+        print(f"{signal.Signals(sig).name} to {launcher}: it exited "
               f"{ended - signalled:.1f} s later")
         while any(_alive(pid) for pid in job) and time.monotonic() < ended + 10:
             time.sleep(0.05)
