@@ -44,9 +44,14 @@ def gl_backend() -> str:
     return os.environ.get("MUJOCO_GL", "(unset: glfw, then egl, then osmesa)")
 
 
+GL_CHOICES = ("MUJOCO_GL=egl (headless: a GPU driver or Mesa's EGL), osmesa (software, "
+              "needs libOSMesa) or glfw (needs a display)")
+
+
 def require_sim() -> None:
-    """Import the simulator's packages, or refuse naming the extra that installs them."""
-    gl_backend()
+    """Import the simulator's packages, or refuse naming the extra that installs them (or
+    the OpenGL backend that dm_control fails to load)."""
+    backend = gl_backend()
     for module in ("gymnasium", "dm_control.mujoco", "dm_control.rl.control", "gym_aloha"):
         try:
             importlib.import_module(module)
@@ -54,6 +59,11 @@ def require_sim() -> None:
             raise SimUnavailable(
                 f"the ALOHA simulator needs gym-aloha, dm_control and MuJoCo ({exc}): "
                 f"{SIM_EXTRA}") from None
+        except Exception as exc:  # noqa: BLE001 - dm_control loads OpenGL at import
+            raise RenderingUnavailable(
+                f"dm_control cannot load MuJoCo's OpenGL backend MUJOCO_GL={backend} "
+                f"({type(exc).__name__}: {exc}). Set {GL_CHOICES}, or MUJOCO_GL=disable "
+                "to simulate without cameras") from None
 
 
 def _task_classes() -> dict[str, tuple[type, type]]:
@@ -173,9 +183,8 @@ class Scene:
         except Exception as exc:  # noqa: BLE001 - every backend fails in its own way
             raise RenderingUnavailable(
                 f"cannot render camera {camera!r}: MuJoCo's OpenGL backend MUJOCO_GL="
-                f"{gl_backend()} failed ({type(exc).__name__}: {exc}). Set MUJOCO_GL=egl "
-                "(headless: a GPU driver or Mesa's EGL), osmesa (software, needs libOSMesa) "
-                "or glfw (needs a display), or record without cameras") from None
+                f"{gl_backend()} failed ({type(exc).__name__}: {exc}). Set {GL_CHOICES}, "
+                "or use no camera") from None
 
     def render(self, camera: str, height: int, width: int) -> np.ndarray:
         """The camera's rgb frame, uint8 `[height, width, 3]`."""
