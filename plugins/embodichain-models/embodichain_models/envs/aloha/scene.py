@@ -188,4 +188,5 @@ class Scene:
 
     def render(self, camera: str, height: int, width: int) -> np.ndarray:
         """The camera's rgb frame, uint8 `[height, width, 3]`."""
-        return self.physics.render(height=height, width=width, camera_id=camera)
+        return np.ascontiguousarray(self.physics.render(height=height, width=width,
+                                                        camera_id=camera))

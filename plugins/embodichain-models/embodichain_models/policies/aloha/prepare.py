@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     parser.add_argument("--episodes", type=int, default=50, help="successful episodes kept")
     parser.add_argument("--seed", type=int, default=0, help="the first seed tried")
-    parser.add_argument("--cameras", nargs="+", default=[], metavar="CAMERA",
+    parser.add_argument("--cameras", type=lambda text: [c for c in text.split(",") if c],
+                        default=[], metavar="CAMERA[,CAMERA...]",
                         help="cameras recorded as video (e.g. top; the scene's: top, angle, "
                              "left_pillar, right_pillar, front_close, left_wrist, right_wrist)")
     parser.add_argument("--size", type=parse_size, default=(480, 640), metavar="HxW",
