@@ -170,6 +170,14 @@ def test_eval_of_a_checkpoint_equals_its_validation(world_runs: dict[str, str],
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 4 and summary["world_size"] == 1
     assert summary["metrics"] == validation_lines(run)[4]
+    # Refused by name (exit 2), nothing overwritten: the same --out again; --ema without EMA.
+    before = (out / "summary.json").read_bytes()
+    for args, message in ((["--out", str(out)], f"--out {out}: exists"),
+                          (["--ema", "--out", str(tmp_path / "ema")], "--ema: the run of")):
+        proc = run_cli("eval", str(run), *args, env=factories_env())
+        assert proc.returncode == 2 and message in " ".join(proc.stderr.split()), proc.stderr
+    assert (out / "summary.json").read_bytes() == before
+    assert not (tmp_path / "ema").exists()
 
 
 def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path) -> None:
@@ -179,18 +187,13 @@ def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path
         (["eval", str(tmp_path / "missing")], "no such checkpoint file or run directory"),
         (["eval", str(sl_ddp_one_process)], "has no evaluation section"),
         (["eval", str(sl_ddp_one_process / "last.pt"), "--episodes", "0"], "--episodes"),
+        (["eval", str(tmp_path)], "is a directory without a snapshot"),
     ]
-    occupied = tmp_path / "occupied"
-    occupied.mkdir()
-    (occupied / "keep.txt").write_text("mine")
-    cases.append((["eval", str(sl_ddp_one_process), "--out", str(occupied)],
-                  f"--out {occupied}: exists"))
     for args, message in cases:
         proc = run_cli(*args, env=factories_env())
         assert proc.returncode == 2, (args, proc.stderr)
         assert message in " ".join(proc.stderr.split()), (args, proc.stderr)
         assert "Traceback" not in proc.stderr
-    assert (occupied / "keep.txt").read_text() == "mine"
 
 
 def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path: Path
