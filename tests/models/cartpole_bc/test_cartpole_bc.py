@@ -127,9 +127,10 @@ def test_the_evaluation_acts_as_the_hand_written_loop(reference: Path, tmp_path:
     """`embodichain eval` of the trained policy over 16 episodes (the gymnasium environment,
     the policy's chunk execution, the evaluation's slots) against the batched loop it
     replaced (`rollout.run_policy`), same weights and starts: every episode's success and
-    return (the sum of cos θ over the states acted on) are equal, bitwise. Catches an environment that steps, renders or
-    judges differently (a state off by one step, float32 physics, the success window), and
-    a policy whose frame history or chunk execution drifts from the reference."""
+    return (the sum of cos θ over the states acted on) are equal, bitwise. Catches an
+    environment that steps, renders or judges differently (a state off by one step, float32
+    physics, the success window), and a policy whose frame history or chunk execution
+    drifts from the reference."""
     from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy
     from embodichain_models.policies.cartpole_bc.rollout import evaluation_starts, run_policy
 
