@@ -33,8 +33,8 @@ def _clock() -> tuple[float, float]:
 
 
 def data(episodes: int) -> None:
-    from embodichain_models.envs.aloha.tasks import TASKS
     from embodichain_models.policies.aloha.record import Recorder
+    from embodichain_models.policies.aloha.tasks import TASKS
 
     for name, task in TASKS.items():
         recorder = Recorder(task)
@@ -84,9 +84,9 @@ def evaluation(run: Path, episodes: int, nproc: int) -> None:
 
 def step_costs() -> None:
     """One step of gym-aloha's environment (three cameras rendered) against ours."""
-    import embodichain_models.envs.aloha.env  # noqa: F401 - registers the ids
+    import embodichain_models.envs  # noqa: F401 - registers the ids
     import gymnasium as gym
-    from embodichain_models.envs.aloha.scene import gl_backend
+    from embodichain_models.policies.aloha.scene import gl_backend
 
     gl_backend()
     from gym_aloha.env import AlohaEnv

@@ -9,7 +9,7 @@ import typer
 
 from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, env_rank, reported_errors
-from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, _launch_if_asked
+from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, launch_if_asked
 
 
 def evaluate(
@@ -48,7 +48,7 @@ def evaluate(
         overrides = Overrides(episodes, seed, videos)
         if should_launch(nproc_per_node):  # bad input refused before any worker starts
             find_target(target, out, overrides, ema)
-        _launch_if_asked(nproc_per_node, 0, lambda: worker_command(
+        launch_if_asked(nproc_per_node, 0, lambda: worker_command(
             "eval", [("--episodes", episodes), ("--seed", seed), ("--videos", videos),
                      ("--ema", ema), ("--out", out), ("--no-progress", no_progress),
                      ("--debug", debug)], [str(target)]))

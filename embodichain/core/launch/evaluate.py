@@ -83,12 +83,13 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
-                        overrides: Overrides = Overrides(), ema: bool = False,
+                        overrides: Overrides | None = None, ema: bool = False,
                         progress: Any = None) -> tuple[Target, EvaluationResult | None]:
     """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
     written it (None elsewhere)."""
     from embodichain.core.launch.api import load_recipe
 
+    overrides = overrides or Overrides()
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
         "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))

@@ -12,10 +12,10 @@ import pytest
 import torch
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.writer import write_dataset
-from embodichain_models.envs.aloha.scene import RenderingUnavailable
-from embodichain_models.envs.aloha.tasks import EVAL_SEED, JOINT_NAMES, TASKS
 from embodichain_models.policies.aloha.prepare import features, prepare
 from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
+from embodichain_models.policies.aloha.scene import RenderingUnavailable
+from embodichain_models.policies.aloha.tasks import EVAL_SEED, JOINT_NAMES, TASKS
 
 SEEDS = (3, 4)  # demonstration seeds of the dataset below
 

@@ -13,10 +13,10 @@ from embodichain.learning.sl import DatasetSource, UsageError
 from embodichain_models.data.lerobot import lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
-from embodichain_models.envs.aloha.scene import Scene
-from embodichain_models.envs.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
 from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.aloha.scene import Scene
 from embodichain_models.policies.aloha.schema import ActConfig
+from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
 
 
 @dataclass

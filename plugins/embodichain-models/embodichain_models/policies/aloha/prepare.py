@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from embodichain.learning.sl import UsageError
-from embodichain_models.envs.aloha.tasks import (
+from embodichain_models.policies.aloha.tasks import (
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.episodes < 1:
         parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
     try:
-        from embodichain_models.envs.aloha.scene import require_sim
+        from embodichain_models.policies.aloha.scene import require_sim
 
         task_named(args.task)
         require_sim()
