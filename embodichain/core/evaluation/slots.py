@@ -94,7 +94,8 @@ class ProcessSlot(Slot):
         self.process: Any = None
         self.connection: Any = None
         self.sent = 0.0
-        self.fresh = False  # started for this command: it also builds the environment
+        self.fresh = False  # this command also builds the environment (allowed BUILD_S)
+        self.fresh_next = False  # the environment was dropped: the next command builds it
         self.dead = False  # timed out or gone: a new process, not a new environment
 
     def _start(self) -> None:
@@ -108,8 +109,9 @@ class ProcessSlot(Slot):
         self.connection = parent
 
     def send(self, command: str, argument: Any, render: bool) -> None:
-        self.fresh = self.process is None
-        if self.fresh:
+        self.fresh = self.fresh_next or self.process is None
+        self.fresh_next = False
+        if self.process is None:
             self._start()
         self.sent = time.monotonic()
         try:
@@ -141,6 +143,7 @@ class ProcessSlot(Slot):
             return
         try:  # the process is well: it builds a new environment
             self.connection.send(("rebuild", None, False))
+            self.fresh_next = True
         except (OSError, ValueError):
             self.close(kill=True)
 
