@@ -17,7 +17,6 @@ fine-tuning keeps its seed initialisation).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from torch import nn
 
 from embodichain.core.errors import CheckpointError, RefusedError, UsageError
+from embodichain.core.file_hash import file_sha256
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def read(spec: InitFrom) -> InitialWeights:
         raise UsageError(f"--init-from {path}: no such checkpoint or state_dict file")
     record: dict[str, Any] = {"path": str(path.resolve()), "run_id": None, "step": None,
                               "ema": spec.ema, "kind": "export",
-                              "sha256": _file_sha256(path)}
+                              "sha256": file_sha256(path)}
     try:
         data = read_checkpoint(path)
     except CheckpointError as exc:
@@ -95,14 +95,6 @@ def _exported(path: Path, spec: InitFrom) -> dict[str, torch.Tensor]:
         raise UsageError(f"--init-from {path} is neither an embodichain checkpoint nor a "
                          "state_dict of tensors (as `embodichain export` writes)")
     return dict(state)
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def agree(spec: InitFrom) -> InitialWeights:

@@ -31,7 +31,6 @@ rank, so every send meets its receive.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,19 +48,9 @@ from embodichain.core.checkpoint.sharded import (
 )
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+from embodichain.core.file_hash import file_sha256
 
-CHUNK = 1 << 22  # bytes hashed per read: a bounded buffer, whatever the shard's size
 RUN_KEYS = ("step", "run_id", "world_size", "config_sha256")
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, streamed through one reused buffer."""
-    digest, buffer = hashlib.sha256(), bytearray(CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while count := f.readinto(buffer):
-            digest.update(view[:count])
-    return digest.hexdigest()
 
 
 def _table(payload: Mapping[str, Any]) -> dict[int, dict[str, Any]]:

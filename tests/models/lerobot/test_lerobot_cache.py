@@ -1,16 +1,24 @@
-"""The node-local table cache (R-SCALE-1): built once, reused, rebuilt for a changed dataset,
-no 2 GiB limit on an image column, and a cache directory that cannot be written still reads."""
+"""The node-local table cache (R-SCALE-1, R-SCALE-2): built once per node (two processes at
+once), reused, keyed by the files and the selection, rebuilt for a changed dataset, no 2 GiB
+limit on an image column, a cache directory that cannot be written still read through one
+per-user fallback per node; and its faults: a build killed mid-way, a full disk, the bound
+on its size."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import shutil
+import tempfile
+import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from embodichain_models.data.lerobot import LeRobotFrames
+from embodichain_models.data.lerobot import LeRobotFrames, node_cache
 from embodichain_models.data.lerobot import tables as tables_module
 
 from tests.models.lerobot.helpers import noise_images
@@ -81,20 +89,106 @@ def test_the_cache_is_built_once_and_again_for_a_changed_dataset(
     assert len(list((digest_cache / "lerobot").glob("*/manifest.json"))) == 1  # old pruned
 
 
-def test_a_cache_directory_that_cannot_be_written_still_reads(
-        small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _open_when_released(root: str, barrier, results) -> None:
+    barrier.wait(timeout=30)
+    frames = LeRobotFrames(root)
+    results.put(frames[len(frames) - 1]["observation.state"].tolist())
+
+
+def _builds_of_two_processes(root: Path, marker: Path,
+                             monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Two forked processes open `root` at once; the pid of each that built the cache. A
+    builder waits up to 2 s for a second one to start building too (which the node lock
+    prevents), so both build where nothing keeps them apart."""
+    real = tables_module._build
+
+    def marked(*args: object) -> None:
+        with marker.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and len(marker.read_text().split()) < 2:
+            time.sleep(0.02)
+        real(*args)
+    monkeypatch.setattr(tables_module, "_build", marked)
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    workers = [ctx.Process(target=_open_when_released, args=(str(root), barrier, results))
+               for _ in range(2)]
+    for w in workers:
+        w.start()
+    got = [results.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(timeout=30)
+        assert w.exitcode == 0
+    monkeypatch.setattr(tables_module, "_build", real)
+    frames = LeRobotFrames(root)
+    assert got[0] == got[1] == frames[len(frames) - 1]["observation.state"].tolist()
+    return marker.read_text().split()
+
+
+def test_two_processes_opening_one_selection_build_the_cache_once(
+        small: Path, tmp_path: Path, digest_cache: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a table cache built without its lock (every rank and process of a node
+    copying the tables at once, each into its own temporary files): two processes open
+    one selection together, one builds while the other waits, then maps its copy."""
+    builders = _builds_of_two_processes(small, tmp_path / "builders", monkeypatch)
+    assert len(builders) == 1, builders
+    assert len(list((digest_cache / "lerobot").glob("*/manifest.json"))) == 1
+
+
+def test_a_second_selection_of_the_same_files_reads_its_own_rows(
+        small: Path, digest_cache: Path) -> None:
+    """Catches a cache key without the episode selection: episodes [0, 1] and then [1],
+    both in the first parquet file, would share one entry, and the second selection would
+    read the first's rows (episode 0's states where episode 1's belong, or an IndexError).
+    Each selection's examples are those of its own episodes, as the table holds them."""
+    table = pq.read_table(small / "data/chunk-000/file-000.parquet")
+    states = np.stack(table.column("observation.state").to_numpy(zero_copy_only=False))
+    of_episode = table.column("episode_index").to_numpy()
+    for episodes in ([0, 1], [1]):
+        frames = LeRobotFrames(small, episodes=episodes)
+        expected = states[np.isin(of_episode, episodes)]
+        assert len(frames) == len(expected)
+        for i in range(len(frames)):
+            example = frames[i]
+            assert example["episode_index"].item() in episodes
+            assert np.array_equal(example["observation.state"].numpy(), expected[i])
+    assert len(list((digest_cache / "lerobot").glob("*/manifest.json"))) == 2
+
+
+def test_an_unwritable_cache_is_shared_by_the_node_in_a_per_user_fallback(
+        small: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Catches a reader that needs a writable cache (a read-only home on a cluster stopped
-    the run): under a cache path that cannot be created, the examples are the same, and
-    nothing is left in the temporary directory."""
+    the run), and one private copy per process where the cache cannot be written (each rank
+    copying every table into $TMPDIR): the examples are the same, two processes build
+    once, into `$TMPDIR/embodichain-<uid>/lerobot`, with one warning naming the
+    directory. A fallback that is not this user's private directory is not used (another
+    user could own or read it): each process then copies into a temporary directory,
+    removed once mapped."""
     monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(tmp_path / "cache"))
     expected = _examples(small)
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setenv("EMBODICHAIN_CACHE_DIR", str(blocker / "cache"))
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
-    (tmp_path / "tmp").mkdir()
-    import tempfile
-
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.setattr(node_cache, "_warn", lambda message: warnings.append(message))
+    warnings: list[str] = []
     assert _same(_examples(small), expected)
-    assert list((tmp_path / "tmp").iterdir()) == []
+    assert warnings and str(tmp / f"embodichain-{os.getuid()}/lerobot") in warnings[0]
+    fallback = tmp / f"embodichain-{os.getuid()}"
+    assert len(list((fallback / "lerobot").glob("*/manifest.json"))) == 1
+    shutil.rmtree(fallback)
+    builders = _builds_of_two_processes(small, tmp_path / "builders", monkeypatch)
+    assert len(builders) == 1, builders
+    assert [p.name for p in tmp.iterdir()] == [fallback.name]
+
+    shutil.rmtree(fallback)
+    fallback.mkdir(mode=0o777)
+    fallback.chmod(0o777)  # writable by anyone: not a private directory
+    assert _same(_examples(small), expected)
+    assert list(fallback.iterdir()) == [] and [p.name for p in tmp.iterdir()] == [fallback.name]
