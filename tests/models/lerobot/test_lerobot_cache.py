@@ -6,9 +6,13 @@ on its size."""
 
 from __future__ import annotations
 
+import errno
+import gc
 import multiprocessing
 import os
+import re
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -20,6 +24,7 @@ import pytest
 import torch
 from embodichain_models.data.lerobot import LeRobotFrames, node_cache
 from embodichain_models.data.lerobot import tables as tables_module
+from embodichain_models.data.lerobot.errors import CacheSpaceError
 
 from tests.models.lerobot.helpers import noise_images
 
@@ -192,3 +197,108 @@ def test_an_unwritable_cache_is_shared_by_the_node_in_a_per_user_fallback(
     fallback.chmod(0o777)  # writable by anyone: not a private directory
     assert _same(_examples(small), expected)
     assert list(fallback.iterdir()) == [] and [p.name for p in tmp.iterdir()] == [fallback.name]
+
+
+def _leftovers(cache: Path) -> list[Path]:
+    return [p for p in (cache / "lerobot").rglob(".*.tmp")]
+
+
+def _build_and_die(root: str) -> None:
+    real = tables_module._ImageWriter.add
+
+    def add_then_die(self, *args: object) -> None:
+        real(self, *args)
+        self.out.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # mid-way: one file's images written
+    tables_module._ImageWriter.add = add_then_die
+    LeRobotFrames(root)
+
+
+def test_a_build_killed_mid_way_leaves_nothing_after_the_next_start(
+        small: Path, digest_cache: Path) -> None:
+    """Catches the temporary files of a build killed mid-way (`.<column>.<pid>.tmp`, as
+    large as the selected images) left in the cache for ever: a process SIGKILLed while it
+    copies leaves them; the next start removes them (their process is gone), builds, and
+    gives the right examples. A live process's temporary file is left alone."""
+    child = multiprocessing.get_context("fork").Process(target=_build_and_die,
+                                                        args=(str(small),))
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == -signal.SIGKILL
+    left = _leftovers(digest_cache)
+    assert left and any(p.stat().st_size for p in left), left
+    folder = left[0].parent
+    alive = folder / f".other.bytes.{os.getpid()}.tmp"
+    alive.write_bytes(b"a build of a live process")
+    expected_state = pq.read_table(small / "data/chunk-000/file-000.parquet").column(
+        "observation.state")[0].as_py()
+    frames = LeRobotFrames(small)
+    assert frames[0]["observation.state"].tolist() == pytest.approx(expected_state)
+    assert _leftovers(digest_cache) == [alive]
+
+
+def _free(free: int):
+    return lambda path: shutil._ntuple_diskusage(1 << 40, (1 << 40) - free, free)
+
+
+def test_a_cache_without_room_refuses_before_copying_naming_what_to_do(
+        small: Path, digest_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a copy started on a disk without room for it (a full disk under a memory
+    map ends the process with SIGBUS, no message) and one whose disk fills while it copies:
+    with the free space reported as 1 MB, opening the dataset is refused (exit 2) naming
+    the cache directory, the bytes needed and EMBODICHAIN_CACHE_DIR, and nothing is
+    written; a disk that fills while the arrays are allocated (ENOSPC) is refused the same
+    way, its temporary files removed. (The free space is faked: no disk is filled.)"""
+    monkeypatch.setattr(node_cache.shutil, "disk_usage", _free(1 << 20))
+    with pytest.raises(CacheSpaceError) as refused:
+        LeRobotFrames(small)
+    message = str(refused.value)
+    assert refused.value.exit_code == 2
+    assert str(digest_cache / "lerobot") in message and "EMBODICHAIN_CACHE_DIR" in message
+    assert re.search(r"needs \d+\.\d [KM]B \(\d+ bytes", message), message
+    assert {p.name for p in (digest_cache / "lerobot").rglob("*") if p.is_file()} <= {
+        "manifest.json"} | {p.name for p in (digest_cache / "lerobot").glob("*.lock")} | {
+        p.name for p in (digest_cache / "lerobot").glob("*.use")}
+
+    monkeypatch.setattr(node_cache.shutil, "disk_usage", _free(1 << 40))
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(CacheSpaceError, match="EMBODICHAIN_CACHE_DIR"):
+        LeRobotFrames(small)
+    assert not _leftovers(digest_cache)
+    assert not list((digest_cache / "lerobot").rglob("*.npy"))
+
+
+def _entries(cache: Path) -> set[str]:
+    return {p.parent.name for p in (cache / "lerobot").glob("*/manifest.json")}
+
+
+def test_the_cache_is_bounded_by_removing_the_least_recently_used_unmapped_entries(
+        small: Path, digest_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a cache that grows without bound across selections (each selection of each
+    dataset a copy for ever), one that removes the most recent entries or one a process
+    still has mapped: under EMBODICHAIN_LEROBOT_CACHE_LIMIT of about 2.5 entries, four
+    selections opened in turn keep the newest, the oldest removed first, never one still
+    open."""
+    first = LeRobotFrames(small, episodes=[0])
+    one = _entries(digest_cache)
+    size = sum(p.stat().st_size for p in (digest_cache / "lerobot").rglob("*")
+               if p.is_file())
+    monkeypatch.setenv("EMBODICHAIN_LEROBOT_CACHE_LIMIT", str(int(2.5 * size)))
+    assert node_cache.cache_limit() == int(2.5 * size)
+    LeRobotFrames(small, episodes=[1])  # opened and closed: no longer mapped
+    gc.collect()
+    two = _entries(digest_cache) - one
+    LeRobotFrames(small, episodes=[2])  # over the bound: the oldest unmapped goes
+    assert len(_entries(digest_cache)) == 2 and one <= _entries(digest_cache)
+    assert not two & _entries(digest_cache)  # [1], not [0]: [0] is still open
+    del first
+    gc.collect()
+    LeRobotFrames(small, episodes=[3])
+    assert not one & _entries(digest_cache) and len(_entries(digest_cache)) == 2
+    monkeypatch.setenv("EMBODICHAIN_LEROBOT_CACHE_LIMIT", "1.5G")
+    assert node_cache.cache_limit() == 3 << 29
+    monkeypatch.delenv("EMBODICHAIN_LEROBOT_CACHE_LIMIT")
+    assert node_cache.cache_limit() == node_cache.DEFAULT_LIMIT == 200 << 30
