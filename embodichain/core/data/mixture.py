@@ -246,12 +246,8 @@ class WeightedEpochDraw(EpochDraw):
         super().__init__(parts.total, global_batch_size, seed)
         self.parts = parts
 
-    def __call__(self, update: int) -> torch.Tensor:
-        epoch, b = divmod(update, self.updates_per_epoch)
-        if self._permutation is None or self._permutation[0] != epoch:
-            self._permutation = (epoch, self.parts.epoch_order(self.seed, epoch))
-        g = self.global_batch_size
-        return self._permutation[1][b * g:(b + 1) * g]
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        return self.parts.epoch_order(self.seed, epoch)
 
 
 class MixtureGlobalSampler(GlobalOrderSampler):
