@@ -162,21 +162,26 @@ def fallback_root() -> Path:
     return base / "lerobot"
 
 
-def hold_in_use(path: Path) -> object | None:
-    """A shared lock on `path` for as long as the returned object lives (and in the forked
-    processes that inherit it): `prune` leaves the entry alone meanwhile."""
+class InUse:
+    """A shared lock on an entry's `<key>.use` file, held for as long as this object lives
+    (and in the forked processes that inherit it): `prune` leaves the entry alone
+    meanwhile. Pickled (for a spawned data worker) as None: the parent holds it."""
+
+    def __init__(self, fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        weakref.finalize(self, os.close, fd)
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return type(None), ()
+
+
+def hold_in_use(path: Path) -> InUse | None:
+    """An `InUse` on `path`, or None where the file cannot be opened."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError:
         return None
-    fcntl.flock(fd, fcntl.LOCK_SH)
-
-    class InUse:
-        pass
-
-    holder = InUse()
-    weakref.finalize(holder, os.close, fd)
-    return holder
+    return InUse(fd)
 
 
 def remove_leftovers(folder: Path) -> None:
