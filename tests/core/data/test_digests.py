@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from embodichain.core.data.digests import cache_dir, file_digest
 from embodichain.core.data.identity_records import describe_change, record_identity
 from embodichain.core.runs.resume_policy import resume_problems
 from tests.support.files import file_listing
+from tests.support.processes import mark_then_wait_for_another, two_at_once
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
@@ -156,22 +155,10 @@ def test_two_processes_asking_at_once_hash_the_file_once(tmp_path: Path, digest_
     real = digests.file_sha256
 
     def marked(p: Path) -> str:
-        with marker.open("a") as f:
-            f.write(f"{os.getpid()}\n")
-        deadline = time.monotonic() + 2.0  # long enough for the other to get here unlocked
-        while time.monotonic() < deadline and len(marker.read_text().split()) < 2:
-            time.sleep(0.02)
+        mark_then_wait_for_another(marker)
         return real(p)
     monkeypatch.setattr(digests, "file_sha256", marked)
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_ask, args=(str(path), barrier, results)) for _ in range(2)]
-    for w in workers:
-        w.start()
-    got = [results.get(timeout=60) for _ in workers]
-    for w in workers:
-        w.join(timeout=30)
-        assert w.exitcode == 0
+    got = two_at_once(_ask, str(path))
     assert got[0] == got[1] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     assert len(marker.read_text().split()) == 1, marker.read_text()
 

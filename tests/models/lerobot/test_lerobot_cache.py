@@ -14,7 +14,6 @@ import re
 import shutil
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from embodichain_models.data.lerobot import tables as tables_module
 from embodichain_models.data.lerobot.errors import CacheSpaceError
 
 from tests.models.lerobot.helpers import noise_images
+from tests.support.processes import mark_then_wait_for_another, two_at_once
 
 IMAGE = "observation.image"
 
@@ -108,23 +108,10 @@ def _builds_of_two_processes(root: Path, marker: Path,
     real = tables_module._build
 
     def marked(*args: object) -> None:
-        with marker.open("a") as f:
-            f.write(f"{os.getpid()}\n")
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and len(marker.read_text().split()) < 2:
-            time.sleep(0.02)
+        mark_then_wait_for_another(marker)
         real(*args)
     monkeypatch.setattr(tables_module, "_build", marked)
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_open_when_released, args=(str(root), barrier, results))
-               for _ in range(2)]
-    for w in workers:
-        w.start()
-    got = [results.get(timeout=120) for _ in workers]
-    for w in workers:
-        w.join(timeout=30)
-        assert w.exitcode == 0
+    got = two_at_once(_open_when_released, str(root))
     monkeypatch.setattr(tables_module, "_build", real)
     frames = LeRobotFrames(root)
     assert got[0] == got[1] == frames[len(frames) - 1]["observation.state"].tolist()
