@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,26 +146,31 @@ class MixtureSource(DatasetSource):
         self.parts = parts
 
 
-def check_parts_batch(names: Sequence[str], examples: Sequence[Mapping[str, Any]]) -> None:
+def check_parts_batch(names: Sequence[str], examples: Sequence[Mapping[str, Any]], *,
+                      labels: Sequence[str] | None = None,
+                      missing_hint: Callable[[str], str] = lambda key: "") -> None:
     """Refuse parts whose examples would not stack into one batch, comparing each part's
     first example with the first part's, key by key: a key one part lacks, another shape or
     another dtype (a float64 action beside a float32 one would stop the run at the first
-    batch mixing them, mid-way). A DataFormatError (exit 2) naming the key, both parts and
-    what each has."""
+    batch mixing them, mid-way). A DataFormatError (exit 2) naming the key, both parts (as
+    `labels` describe them; default their names) and what each has; `missing_hint(key)`
+    ends the message about a missing key (how to map one)."""
+    label = dict(zip(names, labels or [repr(n) for n in names], strict=True))
     first = _tensors(examples[0])
     for name, example in zip(names[1:], examples[1:], strict=True):
         other = _tensors(example)
         odd = [k for k in first if k not in other] + [k for k in other if k not in first]
         for key in odd[:1]:  # a key of the first part's it lacks, else one of its own
             has, lacks = (names[0], name) if key in first else (name, names[0])
-            raise DataFormatError(f"mixture part {lacks!r} has no {key!r}, which part "
-                                  f"{has!r} has")
+            raise DataFormatError(f"mixture part {label[lacks]} has no {key!r}, which part "
+                                  f"{label[has]} has{missing_hint(key)}")
         for key, a in first.items():
             b = other[key]
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise DataFormatError(
-                    f"mixture parts {names[0]!r} and {name!r} would not batch: {key!r} is "
-                    f"{_described(a)} in {names[0]!r} and {_described(b)} in {name!r}")
+                    f"mixture parts {label[names[0]]} and {label[name]} would not batch: "
+                    f"{key!r} is {_described(a)} in {names[0]!r} and {_described(b)} in "
+                    f"{name!r}")
 
 
 def _tensors(example: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -112,17 +112,19 @@ def pooled_normalization(names: Sequence[str], datasets: Sequence[Any],
 
 def check_batchable(names: Sequence[str], datasets: Sequence[Any]) -> None:
     """Refuse parts whose examples would not stack (`check_parts_batch`: the first example
-    of each part against the first part's, naming the key, both parts, shapes and dtypes),
-    before their statistics are pooled; a LeRobotFormatError with the way out."""
+    of each part against the first part's, naming the key, both parts with their roots,
+    shapes and dtypes), before their statistics are pooled; a LeRobotFormatError."""
     from embodichain.core.data.mixture import check_parts_batch
 
+    labels = [f"{n!r} ({reader_of(d)[0].root})" for n, d in zip(names, datasets, strict=True)]
     try:
-        check_parts_batch(names, [dataset[0] for dataset in datasets])
+        check_parts_batch(names, [dataset[0] for dataset in datasets], labels=labels,
+                          missing_hint=lambda key: (
+                              f": map one of its keys to it with lerobot_source(root, "
+                              f"rename={{their_key: {key!r}}}), or leave the key out with "
+                              "features=[...]"))
     except DataFormatError as exc:
-        raise LeRobotFormatError(
-            f"{exc}: map a part's key to the others' with lerobot_source(root, "
-            "rename={their_key: our_key}), leave a key out with features=[...], or convert "
-            "the part's data") from None
+        raise LeRobotFormatError(str(exc)) from None
 
 
 def part_names(parts: Sequence[Any], names: Sequence[str] | None) -> list[str]:
