@@ -31,10 +31,11 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
         raise UsageError(str(exc)) from None
     source, stats, size = bc.source, bc.stats, bc.size
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
+    v = config.validation
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
                         config.model.hidden, state_std[[0, 2, 3]].clamp_min(1e-3),
-                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]))
-    v = config.validation
+                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]),
+                        execute=min(v.execute, data.chunk))
     closed_loop = ClosedLoop(v.episodes, v.steps, v.seed, data.frames, size, v.execute)
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
