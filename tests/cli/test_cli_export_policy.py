@@ -1,0 +1,191 @@
+"""`embodichain export --policy`: a trained policy as one ONNX / `.pt2` artifact that acts
+like its checkpoint, run by `embodichain_models.deploy.runner` (R-DEPLOY-1, issue 44).
+
+One tiny cart-pole behaviour-cloning run (32x32 camera, 6 episodes, 8 updates) is exported
+in both formats once and shared by the tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from embodichain_models.data.lerobot.dataset import LeRobotFrames
+from embodichain_models.deploy.runner import ObservationError, PolicyRunner, read_interface
+from embodichain_models.dynamics.nerd.physics import CartPoleParams
+from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
+from embodichain_models.policies.cartpole_bc.rollout import run_agent, run_policy
+from embodichain_models.policies.cartpole_bc.task import initial_states, succeeded
+
+from embodichain.core.checkpoint.file import read_checkpoint
+from tests.support import assert_ok, factories_env, run_cli, write_recipe
+from tests.support.cli import invoke
+
+pytestmark = pytest.mark.slow  # a recorded dataset, a training run and two exports (~1 min)
+
+OBSERVATIONS = 1000
+TOLERANCE = 1e-5  # float32: |artifact - checkpoint| <= 1e-5 * (1 + |checkpoint|)
+
+
+@pytest.fixture(scope="module")
+def bc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cart-pole policy trained for 8 updates on 6 recorded episodes."""
+    root = tmp_path_factory.mktemp("bc_export")
+    assert invoke("init", "cartpole_bc", str(root / "packaged.yaml")).exit_code == 0
+    data = prepare(root / "data", episodes=6, seed=0, size=32)
+    recipe = yaml.safe_load((root / "packaged.yaml").read_text())
+    recipe["device"] = "cpu"
+    recipe["trainer"].update({"batch_size": 8, "max_updates": 8, "save_every": 8,
+                              "validate_every": 8, "log_every": 8, "data_workers": 0,
+                              "output_dir": str(root / "run")})
+    recipe["model"] = {"channels": 8, "hidden": 32}
+    recipe["data"].update(root=str(data), val_episodes=2, chunk=4)
+    recipe["validation"] = {"episodes": 2, "steps": 40, "max_examples": 32, "execute": 2}
+    (root / "r.yaml").write_text(yaml.safe_dump(recipe))
+    assert_ok(run_cli("train-sl", "--config", str(root / "r.yaml"), "--no-progress"))
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def artifacts(bc_run: Path) -> dict[str, Path]:
+    out = {}
+    for fmt in ("onnx", "pt2"):
+        path = bc_run.parent / f"policy.{fmt}"
+        result = invoke("export", str(bc_run), "--policy", str(path), "--format", fmt)
+        assert result.exit_code == 0, result.output
+        assert f"wrote {path}" in result.stdout and "update 8" in result.stdout
+        out[fmt] = path
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint_model(bc_run: Path) -> torch.nn.Module:
+    """The checkpoint's policy, built as its factory builds it, with its saved weights."""
+    from embodichain.core.deploy.trained import trained_model
+
+    model = trained_model(bc_run / "last.pt").model
+    saved = read_checkpoint(bc_run / "last.pt")["payload"]["learner"]["model"]
+    assert all(torch.equal(model.state_dict()[k], saved[k]) for k in saved)
+    return model
+
+
+@pytest.fixture(scope="module")
+def recorded(bc_run: Path) -> dict[str, np.ndarray]:
+    """1000 observations recorded in the dataset (evenly spaced over its frames)."""
+    frames = LeRobotFrames(bc_run.parent / "data", features=[IMAGE_KEY, "observation.state"],
+                           delta_timestamps={IMAGE_KEY: [-1 / 30, 0.0]})
+    picks = np.linspace(0, len(frames) - 1, OBSERVATIONS).round().astype(int)
+    examples = [frames[int(i)] for i in picks]
+    return {key: torch.stack([e[key] for e in examples]).numpy()
+            for key in (IMAGE_KEY, "observation.state")}
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_artifact_acts_like_the_checkpoint(fmt: str, artifacts: dict[str, Path],
+                                           checkpoint_model: torch.nn.Module,
+                                           recorded: dict[str, np.ndarray],
+                                           bc_run: Path) -> None:
+    """Catches an artifact without the normalisation baked in (its output would be the
+    normalised chunk), with other weights (an update other than the checkpoint's, or the
+    EMA's), a chunk of the wrong shape, or an interface that is missing or not the
+    policy's: on 1000 recorded observations its actions equal the checkpoint's within 1e-5
+    (float32), and the interface read back names keys, shapes, execution and provenance."""
+    runner = PolicyRunner(artifacts[fmt])
+    got = runner.predict(recorded)
+    with torch.no_grad():
+        want = checkpoint_model.forces(torch.from_numpy(recorded[IMAGE_KEY]),
+                                       torch.from_numpy(recorded["observation.state"]))
+    assert got.shape == (OBSERVATIONS, 4, 1) and got.dtype == np.float32
+    np.testing.assert_allclose(got[..., 0], want.numpy(), rtol=TOLERANCE, atol=TOLERANCE)
+
+    interface = read_interface(artifacts[fmt])
+    assert interface == runner.interface
+    assert {k: v["shape"] for k, v in interface["observations"].items()} == {
+        IMAGE_KEY: [2, 3, 32, 32], "observation.state": [4]}
+    assert all(v["dtype"] == "float32" and v["meaning"]
+               for v in interface["observations"].values())
+    assert interface["action"]["key"] == "action" and interface["action"]["shape"] == [4, 1]
+    assert (interface["fps"], interface["chunk"], interface["execution"]) == \
+        (30, 4, {"horizon": 2})
+    run = json.loads((bc_run / "run.json").read_text())
+    ckpt = read_checkpoint(bc_run / "last.pt")["payload"]["run"]
+    provenance = interface["provenance"]
+    assert provenance["run_id"] == run["run_id"] == ckpt["run_id"]
+    assert provenance["update"] == 8 and provenance["weights"] == "model"
+    assert provenance["recipe_sha256"] == ckpt["config_sha256"]
+    assert provenance["packages"]["torch"] == torch.__version__
+
+
+def test_wrong_observation_is_refused_by_name(artifacts: dict[str, Path],
+                                              recorded: dict[str, np.ndarray]) -> None:
+    """Catches a runner that casts, broadcasts or ignores what does not fit the interface
+    (a robot would act on garbage): a missing or unknown key, a float64 state and a wrong
+    shape are each refused naming the key and what differs."""
+    runner = PolicyRunner(artifacts["onnx"])
+    one = {k: v[:3] for k, v in recorded.items()}
+    cases = [({IMAGE_KEY: one[IMAGE_KEY]}, "missing ['observation.state']"),
+             ({**one, "observation.velocity": one["observation.state"]},
+              "unknown ['observation.velocity']"),
+             ({**one, "observation.state": one["observation.state"].astype(np.float64)},
+              "'observation.state': dtype float64, the policy takes float32"),
+             ({**one, IMAGE_KEY: one[IMAGE_KEY][:, :1]},
+              "'observation.image': shape [3, 1, 3, 32, 32], the policy takes [2, 3, 32, 32]")]
+    for observations, named in cases:
+        with pytest.raises(ObservationError, match=named.replace("[", r"\[")):
+            runner.act(observations)
+    assert runner.predict({k: v[0] for k, v in one.items()}).shape == (4, 1)  # unbatched
+
+
+def test_closed_loop_outcomes_equal_the_checkpoints(artifacts: dict[str, Path],
+                                                    checkpoint_model: torch.nn.Module) -> None:
+    """Catches a runner whose chunk execution differs from the checkpoint's closed loop
+    (e.g. every chunk's first action only, or the horizon counted from another step): on 2
+    short episodes the runner-driven artifact gives the checkpoint's per-episode outcomes,
+    and trajectories that agree to float32 rounding."""
+    params, steps = CartPoleParams(), 40
+    starts = initial_states(2, seed=1000)
+    reference = run_policy(checkpoint_model, starts, steps, frames=2, size=32, execute=2,
+                           params=params, device=torch.device("cpu"))
+    for fmt, path in artifacts.items():
+        states = run_agent(PolicyRunner(path), starts, steps, frames=2, size=32, params=params)
+        assert succeeded(states, params).tolist() == succeeded(reference, params).tolist()
+        torch.testing.assert_close(states, reference, rtol=1e-4, atol=1e-4, msg=fmt)
+
+
+def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    """Catches an export that writes a broken artifact, crashes with a traceback, or exits
+    1: a deployable forward that branches on a tensor's value (`.item()`) is refused with
+    exit 2 naming that line, and nothing is written."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"factory": "unexportable:build", "trainer.max_updates": 2,
+                             "trainer.save_every": 2})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env()))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
+    out = tmp_path / "policy.onnx"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 2, result.output
+    assert "cannot be exported" in result.stderr
+    assert "`if y.sum().item() > 0:" in result.stderr and "unexportable.py" in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy")]
+
+
+def test_a_model_without_deployable_forward_is_refused(tmp_path: Path) -> None:
+    """Catches an export of the training model itself (the objective's forward) when the
+    factory declares nothing: sl_ddp's model has no deployable() and is refused, exit 2."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"trainer.max_updates": 1, "trainer.save_every": 1})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+    out = tmp_path / "policy.pt2"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 2, result.output
+    assert "declares no deployable forward" in result.stderr and "deployable()" in result.stderr
+    assert not out.exists()
+    both = invoke("export", str(tmp_path / "run"), str(tmp_path / "m.pt"), "--policy", str(out))
+    assert both.exit_code == 2 and "one of them" in both.stderr
