@@ -162,7 +162,7 @@ def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
     1: a deployable forward that branches on a tensor's value (`.item()`) is refused with
     exit 2 naming that line, and nothing is written."""
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
-                          **{"factory": "unexportable:build", "trainer.max_updates": 2,
+                          **{"factory": "deploying:branching", "trainer.max_updates": 2,
                              "trainer.save_every": 2})
     assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
                       env=factories_env()))
@@ -171,7 +171,7 @@ def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
     result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
     assert result.exit_code == 2, result.output
     assert "cannot be exported" in result.stderr
-    assert "`if y.sum().item() > 0:" in result.stderr and "unexportable.py" in result.stderr
+    assert "`if y.sum().item() > 0:" in result.stderr and "deploying.py" in result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy")]
 
