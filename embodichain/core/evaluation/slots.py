@@ -1,0 +1,149 @@
+"""A rank's environment slots: where its episodes run, one after another in each slot.
+
+`LocalSlot` (`evaluation.vector: sync`) steps its environment in this process, as gymnasium's
+SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
+AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
+off at the episode's wall-clock limit (the process is killed). Unlike gymnasium's vector
+environments, a slot never resets by itself: the evaluation resets it with the next
+episode's seed, and a slot whose environment failed is rebuilt before its next episode,
+so the fault stays in its episode. Every command is sent to every slot before any answer
+is awaited (`send`, then `receive`), so process slots step together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import sys
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from embodichain.core.evaluation.envs import EnvSpec
+from embodichain.core.evaluation.worker import Answer, EnvHost, serve
+
+TIMEOUT = "timeout"
+
+
+class Slot(ABC):
+    """One environment: `send` a command, then `receive` its answer by a deadline."""
+
+    @abstractmethod
+    def send(self, command: str, argument: Any, render: bool) -> None: ...
+
+    @abstractmethod
+    def receive(self, deadline: float) -> Answer:
+        """`("ok", result)`, `("error", reason)`, or `(TIMEOUT, reason)` past `deadline`
+        (time.monotonic())."""
+
+    @abstractmethod
+    def recover(self) -> None:
+        """After a fault: the next episode gets a new environment."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class LocalSlot(Slot):
+    """An environment stepped in this process (the answer is ready when `send` returns; a
+    step cannot be interrupted, so a step past the deadline is judged when it returns)."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.host = EnvHost(spec)
+        self.answer: Answer | None = None
+
+    def send(self, command: str, argument: Any, render: bool) -> None:
+        self.answer = self.host.run(command, argument, render)
+
+    def receive(self, deadline: float) -> Answer:
+        answer, self.answer = self.answer, None
+        assert answer is not None
+        return answer
+
+    def recover(self) -> None:
+        self.host.rebuild()
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def _context() -> Any:
+    """forkserver where there is one: a worker starts from a small server process, not a
+    copy of the training process (its threads, CUDA state and memory)."""
+    methods = multiprocessing.get_all_start_methods()
+    if "forkserver" in methods:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["embodichain.core.evaluation.worker"])
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+class ProcessSlot(Slot):
+    """An environment in a worker process of its own, started on first use and after a
+    fault (the failed process is ended)."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.process: Any = None
+        self.connection: Any = None
+
+    def _start(self) -> None:
+        context = _context()
+        parent, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path)),
+                                       daemon=True,
+                                       name="embodichain-eval-env")
+        self.process.start()
+        child.close()
+        self.connection = parent
+
+    def send(self, command: str, argument: Any, render: bool) -> None:
+        if self.process is None:
+            self._start()
+        try:
+            self.connection.send((command, argument, render))
+        except (OSError, ValueError) as exc:  # the worker died (receive says so)
+            self.connection.close()
+            self.connection = _Broken(f"the environment process is gone ({exc})")
+
+    def receive(self, deadline: float) -> Answer:
+        if isinstance(self.connection, _Broken):
+            return "error", self.connection.reason
+        try:
+            if not self.connection.poll(max(0.0, deadline - time.monotonic())):
+                return TIMEOUT, "the environment did not answer within episode_timeout_s"
+            return self.connection.recv()
+        except (EOFError, OSError):
+            code = self.process.exitcode if self.process is not None else None
+            return "error", f"the environment process ended (exit code {code})"
+
+    def recover(self) -> None:
+        self.close(kill=True)  # it may be inside a step that never returns
+
+    def close(self, kill: bool = False) -> None:
+        process, connection = self.process, self.connection
+        self.process = self.connection = None
+        if connection is not None and not isinstance(connection, _Broken):
+            if not kill:
+                with contextlib.suppress(Exception):
+                    connection.send(("close", None, False))
+            connection.close()
+        if process is not None:
+            if not kill:
+                process.join(timeout=5.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+class _Broken:
+    """A slot's connection that failed on send: why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def make_slots(spec: EnvSpec, count: int, vector: str) -> list[Slot]:
+    """`count` slots of the kind `evaluation.vector` names."""
+    kind = ProcessSlot if vector == "async" else LocalSlot
+    return [kind(spec) for _ in range(count)]
