@@ -3,11 +3,14 @@
 - `deploying:branching`: its deployable forward branches in Python on a tensor's value
   (`.item()`), which `torch.export` cannot capture in a graph: export is refused;
 - `deploying:chunked`: an exportable policy, `x [B, 4] -> chunk [B, 3, 2]` (the model's
-  output and shifted copies of it), executed by temporal ensembling (m = 0.5).
+  output and shifted copies of it), executed by temporal ensembling (m = 0.5);
+- `deploying:reach`: closed_loop's recipe (a gymnasium environment in its evaluation
+  section) whose linear policy declares a one-action chunk, executed with horizon 1.
 """
 
 from __future__ import annotations
 
+import closed_loop  # tests/factories, on the path as this module is
 import torch
 from torch import nn
 
@@ -84,3 +87,37 @@ def chunked(config, device):
 
 branching.config_schema = sl_ddp.build_supervised_trainer.config_schema
 chunked.config_schema = sl_ddp.build_supervised_trainer.config_schema
+
+
+class ReachModel(nn.Sequential):
+    """closed_loop's linear policy (`x [B, 1] -> action [B, 1]`), declaring its deployable
+    forward: a chunk of one action, executed with horizon 1."""
+
+    def deployable(self) -> nn.Module:
+        return _OneStep(self)
+
+    def interface(self) -> dict:
+        return {"observations": {"x": {"shape": [1], "dtype": "float32",
+                                       "meaning": "the point's position"}},
+                "action": {"key": "move", "shape": [1, 1], "dtype": "float32",
+                           "meaning": "move by gain * move"},
+                "fps": 10, "chunk": 1, "execution": {"horizon": 1}}
+
+
+class _OneStep(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).unsqueeze(1)
+
+
+def reach(config, device):
+    """closed_loop's recipe (the Reach environment) with `ReachModel`."""
+    trainer = closed_loop.build_supervised_trainer(config, device)
+    trainer.learner.model.__class__ = ReachModel  # the same Sequential, its methods added
+    return trainer
+
+
+reach.config_schema = closed_loop.ClosedLoopRecipe

@@ -85,6 +85,9 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
     module, declared = deployable_of(trained.model, trained.factory)
     interface = normalized_interface(declared, trained.factory)
     interface["provenance"] = provenance(trained.run, trained.step, Path(checkpoint).name, ema)
+    evaluation = (trained.run.get("config") or {}).get("evaluation")
+    if isinstance(evaluation, Mapping):  # where `embodichain eval ARTIFACT` runs it
+        interface["evaluation"] = json.loads(json.dumps(evaluation))
     flat = Flat(module, list(interface["observations"])).eval()
     what = f"the deployable forward of factory {trained.factory!r}'s model"
     program = export_program(flat, interface, what)

@@ -67,6 +67,8 @@ class PolicyRunner:
     def check(self, observations: Mapping[str, Any]) -> tuple[list[np.ndarray], bool]:
         """The observation arrays in the model's input order and whether they came batched;
         ObservationError naming a missing or unknown key, a wrong shape or dtype."""
+        if not isinstance(observations, Mapping) and len(self.observation_keys) == 1:
+            observations = {self.observation_keys[0]: observations}  # one key: a bare array
         if not isinstance(observations, Mapping):
             raise ObservationError(f"observations must be a mapping of "
                                    f"{list(self.observation_keys)} to arrays, got "
