@@ -21,7 +21,7 @@ from embodichain_models.policies.cartpole_bc.rollout import run_agent, run_polic
 from embodichain_models.policies.cartpole_bc.task import initial_states, succeeded
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from tests.support import assert_ok, factories_env, run_cli, write_recipe
+from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.slow  # a recorded dataset, a training run and two exports (~1 min)
@@ -189,3 +189,32 @@ def test_a_model_without_deployable_forward_is_refused(tmp_path: Path) -> None:
     assert not out.exists()
     both = invoke("export", str(tmp_path / "run"), str(tmp_path / "m.pt"), "--policy", str(out))
     assert both.exit_code == 2 and "one of them" in both.stderr
+
+
+def test_a_sharded_checkpoint_exports_its_consolidated_weights(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a policy export that reads one shard (half the rows), refuses a sharded
+    manifest, or needs torchrun: an fsdp run of 2 workers exports in one process, and the
+    artifact computes with the consolidated weights."""
+    from embodichain.core.checkpoint.sharded import consolidated_model
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
+        "factory": "deploying:chunked", "trainer.strategy": "fsdp", "trainer.max_updates": 2,
+        "trainer.save_every": 2, "trainer.validate_every": 0})
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           env=factories_env()))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
+    out = tmp_path / "policy.pt2"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 0, result.output
+
+    manifest = tmp_path / "run" / "last.pt"
+    whole = consolidated_model(manifest, read_checkpoint(manifest))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    model.load_state_dict(whole)
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        y = model(x)
+    want = torch.stack([y + 0.25 * i for i in range(3)], dim=1).numpy()
+    np.testing.assert_allclose(PolicyRunner(out).predict({"x": x.numpy()}), want,
+                               rtol=TOLERANCE, atol=TOLERANCE)
