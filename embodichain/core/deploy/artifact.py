@@ -146,16 +146,21 @@ def _write_onnx(program: torch.export.ExportedProgram, interface: dict[str, Any]
 
 @contextlib.contextmanager
 def _quiet_exporter() -> Iterator[None]:
-    """Without the exporter's notes on optional packages (torchvision's ops) it skips."""
-    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = registration.level
-    registration.setLevel(logging.ERROR)
+    """Without the exporter's notes on what it skips: optional packages (torchvision's ops),
+    constant folding of multi-output operations (the graph is correct without it)."""
+    loggers = [logging.getLogger(name) for name in (
+        "torch.onnx._internal.exporter._registration",
+        "onnxscript.optimizer._constant_folding")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             yield
     finally:
-        registration.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
 def _check_artifact(path: Path, fmt: str, flat: Flat, interface: dict[str, Any]) -> float:
