@@ -2,7 +2,8 @@
 
 A checkpoint holds weights and the resolved recipe, not the model's code: the factory named
 by the stored recipe builds the model again (on the CPU, one process, no compile, data read
-in this process; FSDP's sharding is not applied) and the checkpoint's weights (or EMA
+in this process; FSDP's sharding is not applied; the recipe's evaluation environment not
+built) and the checkpoint's weights (or EMA
 weights; a sharded checkpoint consolidated, R-SHARD-4) are loaded into it strictly.
 """
 
@@ -50,6 +51,7 @@ def trained_model(checkpoint: Path, data: Mapping[str, Any] | None = None, *,
         raise UsageError(f"{checkpoint} holds no recipe; it cannot be rebuilt")
     raw = copy.deepcopy(without_derived_keys(config))
     raw["device"] = "cpu"
+    raw.pop("evaluation", None)  # its environment is not needed to rebuild the model
     trainer_section = raw.setdefault("trainer", {})
     trainer_section.update({"strategy": "ddp", "compile": False, "data_workers": 0})
     trainer_section.pop("fsdp", None)
