@@ -3,8 +3,9 @@
 An artifact exported from a run whose recipe has an `evaluation` section carries that
 section in its interface; the episodes run in that environment with the same seeds, the
 acting policy being `embodichain_models.deploy.runner.PolicyRunner` over the artifact (no
-factory, no checkpoint). Success is the environment's `info["is_success"]` (a factory's
-own success predicate does not travel with the artifact). One process.
+factory, no checkpoint), given the interface's keys of the environment's observations.
+Success is the environment's `info["is_success"]` (a factory's own success predicate does
+not travel with the artifact). One process.
 """
 
 from __future__ import annotations
@@ -68,8 +69,9 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
                          "another (nothing was overwritten)")
     step = int(interface.get("provenance", {}).get("update", 0))
     found = ArtifactTarget(str(path), step, str(destination))
-    evaluation = ClosedLoopEvaluation(config, lambda model, device: runner.PolicyRunner(path),
-                                      factory=f"the artifact {path}")
+    evaluation = ClosedLoopEvaluation(
+        config, lambda model, device: _InterfaceKeys(runner.PolicyRunner(path)),
+        factory=f"the artifact {path}")
     result = evaluation.run(None, "cpu", lockstep=False, overrides=overrides,
                             progress=progress)
     assert result is not None  # one process: rank 0
@@ -83,3 +85,20 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
     (destination / "summary.json").write_text(json.dumps(summary(result, about), indent=2)
                                               + "\n")
     return found, result
+
+
+class _InterfaceKeys:
+    """The runner acting on the interface's observation keys of the environment's
+    observations (an environment may give more, e.g. cameras the policy does not use)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+
+    def reset(self, env_index: int) -> None:
+        self.runner.reset(env_index)
+
+    def act(self, observations: Any) -> Any:
+        if isinstance(observations, dict):
+            keys = self.runner.observation_keys
+            observations = {k: v for k, v in observations.items() if k in keys}
+        return self.runner.act(observations)
