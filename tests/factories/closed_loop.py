@@ -10,7 +10,10 @@ RGB strip (the point's column lit), so episodes can be filmed.
 The factory (`closed_loop:build_supervised_trainer`, tests/factories on PYTHONPATH) trains
 a one-layer linear policy to output -x / gain (clipped), and gives the evaluation the
 policy `act(obs) = model(obs)`. Its recipe's `evaluation.env.constructor` is
-`closed_loop:make_reach`.
+`closed_loop:make_reach`. With `data.policy_weight: w` the acting layer is fixed at
+`a = w * x` (not trained; an auxiliary layer is), so every world size and strategy acts with
+the same weights, bitwise; `data.acts_log: DIR` appends one line per policy call to
+`DIR/rank{R}.txt` (the test counts each rank's forwards).
 """
 
 from __future__ import annotations
@@ -72,23 +75,49 @@ def make_reach(**kwargs: Any) -> Reach:
 class Data(Section):
     size: int = 512
     seed: int = 3
+    policy_weight: float | None = None
+    acts_log: str | None = None
 
 
 class ClosedLoopRecipe(Section):
     data: Data = Data()
 
 
+class Net(nn.Module):
+    """`net(x)`: the acting layer; `net(x, aux=True)`: the trained one when it is fixed."""
+
+    def __init__(self, weight: float | None) -> None:
+        super().__init__()
+        self.act, self.aux = nn.Linear(1, 1), nn.Linear(1, 1)
+        if weight is not None:
+            with torch.no_grad():
+                self.act.weight.fill_(weight)
+                self.act.bias.zero_()
+            self.act.requires_grad_(False)
+        else:  # unused: DDP must not wait for its gradient
+            self.aux.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor, aux: bool = False) -> torch.Tensor:
+        return self.aux(x) if aux else self.act(x)
+
+
 class LinearPolicy:
     """`act(obs [N, 1]) -> actions [N, 1]`: the model's output, one batched forward."""
 
-    def __init__(self, model: nn.Module, device: torch.device) -> None:
+    def __init__(self, model: nn.Module, device: torch.device, log: str | None) -> None:
         self.model, self.device = model, device
-        self.resets: list[int] = []
+        self.log = None
+        if log is not None:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            self.log = f"{log}/rank{rank}.txt"
 
     def reset(self, env_index: int) -> None:
-        self.resets.append(env_index)
+        pass
 
     def act(self, observations: np.ndarray) -> torch.Tensor:
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{len(observations)}\n")
         return self.model(torch.as_tensor(observations, device=self.device))
 
 
@@ -97,14 +126,18 @@ def build_supervised_trainer(config: ClosedLoopRecipe, device: torch.device
     g = torch.Generator().manual_seed(config.data.seed)
     x = torch.rand(config.data.size, 1, generator=g) * 2 - 1
     source = TensorSource({"x": x, "y": (-x / 0.3).clamp(-1, 1)})
-    model = nn.Sequential(nn.Linear(1, 1))
+    fixed = config.data.policy_weight is not None
+    model = Net(config.data.policy_weight)
 
     def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-        loss = (model(batch["x"]) - batch["y"]).square().mean()
+        loss = (model(batch["x"], aux=fixed) - batch["y"]).square().mean()
         return LossResult(loss=loss, weight=float(len(batch["x"])))
 
+    def make_policy(model: nn.Module, device: torch.device) -> LinearPolicy:
+        return LinearPolicy(model, device, config.data.acts_log)
+
     return SupervisedTrainer(config, model=model, source=source, objective=objective,
-                             device=device, policy=LinearPolicy)
+                             device=device, policy=make_policy)
 
 
 build_supervised_trainer.config_schema = ClosedLoopRecipe

@@ -5,7 +5,8 @@ free slot, reset with seed `seed + e`; the policy is told (`reset(slot)`). Every
 policy acts once for all slots (a finished slot's row holds its last observation; its action
 is ignored), then every running slot steps. An episode ends when the environment terminates
 or truncates it, at `max_steps`, or with a fault: an exception, a non-finite observation or
-reward, or its wall-clock limit (`episode_timeout_s`); a fault fails that episode, with its
+reward, or its wall-clock limit (`episode_timeout_s`, counting the environment's own time);
+a fault fails that episode, with its
 reason, and the slot's environment is rebuilt for the next one. The episode's outcome is
 `success(info, reward, terminated)` at its last step (default `info["is_success"]`).
 
@@ -17,7 +18,6 @@ each calling the policy the same number of times.
 from __future__ import annotations
 
 import math
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,8 +54,8 @@ class Running:
 
     index: int
     seed: int
-    deadline: float
     film: FilmEncoder | None
+    env_s: float = 0.0  # the environment's own time so far (the wall-clock limit's)
     total: float = 0.0
     length: int = 0
 
@@ -144,11 +144,11 @@ class EpisodeRunner:
         while self.pending:
             index = self.pending.popleft()
             film = FilmEncoder(plan.fps) if index < plan.filmed else None
-            episode = Running(index, episode_seed(plan.seed, index),
-                              time.monotonic() + plan.timeout_s, film)
+            episode = Running(index, episode_seed(plan.seed, index), film)
             slot = self.slots[i]
             slot.send("reset", episode.seed, film is not None)
-            status, result = slot.receive(episode.deadline)
+            status, result, seconds = slot.receive(plan.timeout_s)
+            episode.env_s += seconds
             if status != "ok":
                 self._finish(i, episode, failure=self._fault(status, result, "reset"))
                 continue
@@ -171,7 +171,8 @@ class EpisodeRunner:
         for i in live:
             episode = self.running[i]
             assert episode is not None
-            status, result = self.slots[i].receive(episode.deadline)
+            status, result, seconds = self.slots[i].receive(self.plan.timeout_s - episode.env_s)
+            episode.env_s += seconds
             if status != "ok":
                 self._end(i, episode, failure=self._fault(status, result, "step"))
                 continue
@@ -180,8 +181,8 @@ class EpisodeRunner:
             self._film(episode, frame)
             failure = ("non-finite reward" if not math.isfinite(reward) else
                        "non-finite observation" if nonfinite(obs) else
-                       "timeout: the episode ran past episode_timeout_s"
-                       if time.monotonic() > episode.deadline else None)
+                       "timeout: the environment ran past episode_timeout_s"
+                       if episode.env_s > self.plan.timeout_s else None)
             if failure is not None:
                 self._end(i, episode, failure=failure)
                 continue

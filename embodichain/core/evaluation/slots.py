@@ -3,7 +3,9 @@
 `LocalSlot` (`evaluation.vector: sync`) steps its environment in this process, as gymnasium's
 SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
 AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
-off at the episode's wall-clock limit (the process is killed). Unlike gymnasium's vector
+off at the episode's wall-clock limit (the process is killed). The limit counts the
+environment's own time (its resets, steps and renders), not the policy's nor the other
+slots'. Unlike gymnasium's vector
 environments, a slot never resets by itself: the evaluation resets it with the next
 episode's seed, and a slot whose environment failed is rebuilt before its next episode,
 so the fault stays in its episode. Every command is sent to every slot before any answer
@@ -23,6 +25,7 @@ from embodichain.core.evaluation.envs import EnvSpec
 from embodichain.core.evaluation.worker import Answer, EnvHost, serve
 
 TIMEOUT = "timeout"
+BUILD_S = 600.0  # how long a new process may take to start and build its environment
 
 
 class Slot(ABC):
@@ -32,9 +35,9 @@ class Slot(ABC):
     def send(self, command: str, argument: Any, render: bool) -> None: ...
 
     @abstractmethod
-    def receive(self, deadline: float) -> Answer:
-        """`("ok", result)`, `("error", reason)`, or `(TIMEOUT, reason)` past `deadline`
-        (time.monotonic())."""
+    def receive(self, budget: float) -> Answer:
+        """`("ok", result, seconds)`, `("error", reason, seconds)`, or `(TIMEOUT, reason,
+        seconds)` when the answer has not come `budget` seconds after `send`."""
 
     @abstractmethod
     def recover(self) -> None:
@@ -55,7 +58,7 @@ class LocalSlot(Slot):
     def send(self, command: str, argument: Any, render: bool) -> None:
         self.answer = self.host.run(command, argument, render)
 
-    def receive(self, deadline: float) -> Answer:
+    def receive(self, budget: float) -> Answer:
         answer, self.answer = self.answer, None
         assert answer is not None
         return answer
@@ -67,13 +70,17 @@ class LocalSlot(Slot):
         self.host.close()
 
 
-def _context() -> Any:
+def _context(spec: EnvSpec) -> Any:
     """forkserver where there is one: a worker starts from a small server process, not a
-    copy of the training process (its threads, CUDA state and memory)."""
+    copy of the training process (its threads, CUDA state and memory). The server imports
+    the environment's modules once (a module it cannot import is imported by each worker),
+    so that a worker started after a fault is ready at once."""
     methods = multiprocessing.get_all_start_methods()
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["embodichain.core.evaluation.worker"])
+        modules = ["embodichain.core.evaluation.worker", spec.import_module,
+                   (spec.constructor or "").partition(":")[0]]
+        context.set_forkserver_preload([m for m in modules if m])
         return context
     return multiprocessing.get_context("spawn")
 
@@ -86,9 +93,12 @@ class ProcessSlot(Slot):
         self.spec = spec
         self.process: Any = None
         self.connection: Any = None
+        self.sent = 0.0
+        self.fresh = False  # started for this command: it also builds the environment
+        self.dead = False  # timed out or gone: a new process, not a new environment
 
     def _start(self) -> None:
-        context = _context()
+        context = _context(self.spec)
         parent, child = context.Pipe()
         self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path)),
                                        daemon=True,
@@ -98,31 +108,46 @@ class ProcessSlot(Slot):
         self.connection = parent
 
     def send(self, command: str, argument: Any, render: bool) -> None:
-        if self.process is None:
+        self.fresh = self.process is None
+        if self.fresh:
             self._start()
+        self.sent = time.monotonic()
         try:
             self.connection.send((command, argument, render))
         except (OSError, ValueError) as exc:  # the worker died (receive says so)
             self.connection.close()
             self.connection = _Broken(f"the environment process is gone ({exc})")
+            self.dead = True
 
-    def receive(self, deadline: float) -> Answer:
+    def receive(self, budget: float) -> Answer:
         if isinstance(self.connection, _Broken):
-            return "error", self.connection.reason
+            return "error", self.connection.reason, 0.0
         try:
-            if not self.connection.poll(max(0.0, deadline - time.monotonic())):
-                return TIMEOUT, "the environment did not answer within episode_timeout_s"
+            allowed = budget + (BUILD_S if self.fresh else 0.0)
+            if not self.connection.poll(max(0.0, self.sent + allowed - time.monotonic())):
+                self.dead = True
+                return (TIMEOUT, "the environment did not answer within episode_timeout_s",
+                        time.monotonic() - self.sent)
             return self.connection.recv()
         except (EOFError, OSError):
+            self.dead = True
             code = self.process.exitcode if self.process is not None else None
-            return "error", f"the environment process ended (exit code {code})"
+            return ("error", f"the environment process ended (exit code {code})",
+                    time.monotonic() - self.sent)
 
     def recover(self) -> None:
-        self.close(kill=True)  # it may be inside a step that never returns
+        if self.dead or self.connection is None:  # it may be inside a step that never returns
+            self.close(kill=True)
+            return
+        try:  # the process is well: it builds a new environment
+            self.connection.send(("rebuild", None, False))
+        except (OSError, ValueError):
+            self.close(kill=True)
 
     def close(self, kill: bool = False) -> None:
         process, connection = self.process, self.connection
         self.process = self.connection = None
+        self.dead = False
         if connection is not None and not isinstance(connection, _Broken):
             if not kill:
                 with contextlib.suppress(Exception):

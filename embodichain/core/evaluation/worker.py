@@ -1,8 +1,9 @@
 """One environment and the commands it answers, in this process or a worker process of its own.
 
-`EnvHost` runs a command (`reset`, `step`) on its environment and answers `("ok", result)`
-or `("error", reason)`: whatever the environment raises stays in the answer, so a fault is
-its episode's, never the evaluation's. `serve` is the loop of a worker process
+`EnvHost` runs a command (`reset`, `step`) on its environment and answers `("ok", result,
+seconds)` or `("error", reason, seconds)`, `seconds` the environment's own time (what the
+episode's wall-clock limit counts): whatever the environment raises stays in the answer,
+so a fault is its episode's, never the evaluation's. `serve` is the loop of a worker process
 (`evaluation.vector: async`): it answers commands from its pipe until told to close or the
 pipe closes (the evaluating process went away).
 """
@@ -10,11 +11,12 @@ pipe closes (the evaluating process went away).
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 from embodichain.core.evaluation.envs import EnvSpec, make_env
 
-Answer = tuple[str, Any]
+Answer = tuple[str, Any, float]
 
 
 def fault(exc: BaseException) -> str:
@@ -31,9 +33,11 @@ class EnvHost:
         self.env: Any = None
 
     def run(self, command: str, argument: Any, render: bool) -> Answer:
+        started = time.perf_counter()
         try:
-            if self.env is None:
+            if self.env is None:  # building it is not the episode's time
                 self.env = make_env(self.spec)
+                started = time.perf_counter()
             if command == "reset":
                 obs, info = self.env.reset(seed=int(argument))
                 result: tuple[Any, ...] = (obs, dict(info))
@@ -43,9 +47,9 @@ class EnvHost:
             else:
                 raise ValueError(f"unknown command {command!r}")
             frame = self.env.render() if render else None
-            return "ok", (*result, frame)
+            return "ok", (*result, frame), time.perf_counter() - started
         except Exception as exc:
-            return "error", fault(exc)
+            return "error", fault(exc), time.perf_counter() - started
 
     def rebuild(self) -> None:
         """Drop the environment (after a fault): the next command builds a new one."""
@@ -83,6 +87,6 @@ def serve(connection: Any, spec: EnvSpec, path: list[str]) -> None:
                 connection.send(answer)
             except Exception as exc:  # an answer that does not pickle: the episode's fault
                 connection.send(("error", f"the environment's answer cannot be sent: "
-                                          f"{fault(exc)}"))
+                                          f"{fault(exc)}", answer[2]))
     finally:
         host.close()

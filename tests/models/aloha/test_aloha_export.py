@@ -49,7 +49,7 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def rollout(policy, seed: int) -> tuple[np.ndarray, bool]:
     """The joint states of one episode the policy drives, and whether it succeeded."""
-    import embodichain_models.envs.aloha.env  # noqa: F401  (registers the ids)
+    import embodichain_models.envs  # noqa: F401  (registers the ids)
     import gymnasium as gym
 
     env = gym.make("embodichain_models/AlohaTransferCube-v0", task="transfer_cube")

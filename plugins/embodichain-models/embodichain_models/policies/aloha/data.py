@@ -13,9 +13,10 @@ from embodichain.learning.sl import DatasetSource, UsageError
 from embodichain_models.data.lerobot import lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
-from embodichain_models.envs.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
 from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.aloha.scene import Scene
 from embodichain_models.policies.aloha.schema import ActConfig
+from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
 
 
 @dataclass
@@ -51,11 +52,18 @@ def check_evaluation(config: Any, task: AlohaTask) -> None:
         if name is not None and name != task.name:
             raise UsageError(f"{where} runs task {name!r}, but data.task is {task.name!r}: "
                              "the policy would be judged on a task it never saw")
+    if not (by_id or named):
+        return
     cameras = list(env.kwargs.get("cameras", []))
-    if (by_id or named) and sorted(cameras) != sorted(config.data.cameras):
+    if sorted(cameras) != sorted(config.data.cameras):
         raise UsageError(f"evaluation.env.kwargs.cameras {cameras} differs from data.cameras "
                          f"{config.data.cameras}: the environment must render what the "
                          "policy reads")
+    filmed = [env.kwargs.get("render_camera", "top")] if evaluation.videos else []
+    if cameras or filmed:  # rendering must work here, not fail every episode later
+        scene = Scene(task)
+        for camera in [*cameras, *filmed]:
+            scene.check_camera(camera)
 
 
 def act_data(config: ActConfig) -> ActData:

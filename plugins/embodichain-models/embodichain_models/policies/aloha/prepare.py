@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from embodichain.learning.sl import UsageError
-from embodichain_models.envs.aloha.tasks import (
+from embodichain_models.policies.aloha.tasks import (
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
@@ -113,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     parser.add_argument("--episodes", type=int, default=50, help="successful episodes kept")
     parser.add_argument("--seed", type=int, default=0, help="the first seed tried")
-    parser.add_argument("--cameras", nargs="+", default=[], metavar="CAMERA",
+    parser.add_argument("--cameras", type=lambda text: [c for c in text.split(",") if c],
+                        default=[], metavar="CAMERA[,CAMERA...]",
                         help="cameras recorded as video (e.g. top; the scene's: top, angle, "
                              "left_pillar, right_pillar, front_close, left_wrist, right_wrist)")
     parser.add_argument("--size", type=parse_size, default=(480, 640), metavar="HxW",
@@ -126,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.episodes < 1:
         parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
     try:
-        from embodichain_models.envs.aloha.scene import require_sim
+        from embodichain_models.policies.aloha.scene import require_sim
 
         task_named(args.task)
         require_sim()

@@ -18,9 +18,9 @@ from functools import cached_property
 
 import numpy as np
 
-from embodichain_models.envs.aloha.scene import Scene
-from embodichain_models.envs.aloha.tasks import EPISODE_STEPS, MAX_REWARD, AlohaTask
 from embodichain_models.policies.aloha.expert import EXPERTS
+from embodichain_models.policies.aloha.scene import Scene
+from embodichain_models.policies.aloha.tasks import EPISODE_STEPS, MAX_REWARD, AlohaTask
 
 
 @dataclass
@@ -90,7 +90,7 @@ class Recorder:
         self.scene = Scene(task)
 
     def demonstrate(self, seed: int, stop_at_success: bool = False) -> Demonstration:
-        from embodichain_models.envs.aloha.scene import sample_poses
+        from embodichain_models.policies.aloha.scene import sample_poses
 
         actions = expert_joint_trajectory(self.ee, seed, self.steps)
         return replay(self.scene, sample_poses(self.task, seed), actions, seed,

@@ -20,7 +20,7 @@ from pydantic import (
 )
 
 from embodichain.learning.sl import Section
-from embodichain_models.envs.aloha.tasks import TASKS
+from embodichain_models.policies.aloha.tasks import TASKS
 
 PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
                    "--episodes 50 DIR")

@@ -17,8 +17,6 @@ from torch import nn
 
 from embodichain.learning.sl import SupervisedTrainer, UsageError
 from embodichain_models.data.lerobot import LeRobotFormatError
-from embodichain_models.envs.aloha.scene import require_sim
-from embodichain_models.envs.aloha.tasks import JOINT_NAMES, TASKS
 from embodichain_models.policies.aloha.data import act_data, check_evaluation
 from embodichain_models.policies.aloha.execution import ChunkExecution
 from embodichain_models.policies.aloha.model import (
@@ -29,7 +27,9 @@ from embodichain_models.policies.aloha.model import (
     normalised_actions,
     objective,
 )
+from embodichain_models.policies.aloha.scene import require_sim
 from embodichain_models.policies.aloha.schema import ActConfig
+from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS
 
 MAX_HELD_OUT = 512  # held-out frames whose action error is validated (evenly spaced)
 

@@ -93,3 +93,38 @@ def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
     loss = ((pred - batch["action"]).square() * real).sum() / weight.clamp_min(1.0)
     return LossResult(loss=loss, weight=weight,
                       metrics={"padded_fraction": 1.0 - weight / real.numel()})
+
+
+class ChunkExecution:
+    """The closed-loop side of the policy (embodichain's `ClosedLoopPolicy`): per
+    environment slot, the last `frames` camera frames (the first repeated at an episode's
+    start, as the dataset pads) and the chunk being executed; a new chunk every `execute`
+    steps, its forces applied one per step. One batched forward per step for every slot."""
+
+    def __init__(self, model: ChunkPolicy, device: torch.device, frames: int, execute: int
+                 ) -> None:
+        self.model, self.device, self.frames, self.execute = model, device, frames, execute
+        self.history: dict[int, list[torch.Tensor]] = {}
+        self.plan: dict[int, torch.Tensor] = {}
+        self.steps: dict[int, int] = {}
+
+    def reset(self, env_index: int) -> None:
+        self.history.pop(env_index, None)
+        self.steps[env_index] = 0
+
+    def act(self, observations: dict) -> torch.Tensor:
+        """`{"image": uint8 [N, 3, S, S], "state": float32 [N, 4]}` -> forces `[N, 1]` (N)."""
+        images = torch.from_numpy(observations["image"]).float().div_(255.0)
+        state = torch.from_numpy(observations["state"])
+        for i, image in enumerate(images):
+            self.history[i] = (self.history.get(i) or [image] * self.frames)[1:] + [image]
+        stacked = torch.stack([torch.stack(self.history[i], 0) for i in range(len(images))])
+        forces = self.model.forces(stacked.to(self.device), state.to(self.device)).cpu()
+        chosen = []
+        for i in range(len(images)):
+            t = self.steps.get(i, 0)
+            if t % self.execute == 0 or i not in self.plan:
+                self.plan[i] = forces[i]
+            chosen.append(self.plan[i][t % self.execute])
+            self.steps[i] = t + 1
+        return torch.stack(chosen).unsqueeze(1)

@@ -1,6 +1,6 @@
 """The ALOHA tasks as gymnasium environments observing state, rendering only on request.
 
-    import embodichain_models.envs.aloha.env    # registers the ids
+    import embodichain_models.envs                  # registers the ids
     env = gymnasium.make("embodichain_models/AlohaTransferCube-v0")
     obs, info = env.reset(seed=100_000)
     obs, reward, terminated, truncated, info = env.step(action)   # action: 14 joint targets
@@ -24,15 +24,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from embodichain_models.envs.aloha.scene import RenderingUnavailable, Scene
-from embodichain_models.envs.aloha.tasks import (
-    EPISODE_STEPS,
-    FPS,
-    JOINT_NAMES,
-    MAX_REWARD,
-    TASKS,
-    task_named,
-)
+from embodichain_models.policies.aloha.scene import RenderingUnavailable, Scene
+from embodichain_models.policies.aloha.tasks import FPS, JOINT_NAMES, MAX_REWARD, task_named
 
 
 class AlohaEnv(gym.Env):
@@ -99,14 +92,5 @@ class AlohaEnv(gym.Env):
             return None
         return self.scene.render(self.render_camera, *self.render_size)
 
-
-def _register() -> None:
-    for task in TASKS.values():
-        if task.gym_id not in gym.registry:
-            gym.register(id=task.gym_id, entry_point=f"{__name__}:AlohaEnv",
-                         max_episode_steps=EPISODE_STEPS, kwargs={"task": task.name})
-
-
-_register()
 
 __all__ = ["AlohaEnv", "RenderingUnavailable"]

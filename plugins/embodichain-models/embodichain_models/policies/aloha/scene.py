@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from embodichain.learning.sl import UsageError
-from embodichain_models.envs.aloha.tasks import AlohaTask, task_named
+from embodichain_models.policies.aloha.tasks import AlohaTask, task_named
 
 SIM_EXTRA = "pip install 'embodichain-models[sim]'"
 WELD_SOLIMP = (0.9, 0.95, 0.001)
@@ -188,4 +188,5 @@ class Scene:
 
     def render(self, camera: str, height: int, width: int) -> np.ndarray:
         """The camera's rgb frame, uint8 `[height, width, 3]`."""
-        return self.physics.render(height=height, width=width, camera_id=camera)
+        return np.ascontiguousarray(self.physics.render(height=height, width=width,
+                                                        camera_id=camera))
