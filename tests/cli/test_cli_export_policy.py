@@ -15,10 +15,7 @@ import torch
 import yaml
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.deploy.runner import ObservationError, PolicyRunner, read_interface
-from embodichain_models.dynamics.nerd.physics import CartPoleParams
 from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
-from embodichain_models.policies.cartpole_bc.rollout import run_agent, run_policy
-from embodichain_models.policies.cartpole_bc.task import initial_states, succeeded
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
@@ -27,6 +24,7 @@ from tests.support.cli import invoke
 pytestmark = pytest.mark.slow  # a recorded dataset, a training run and two exports (~1 min)
 
 OBSERVATIONS = 1000
+STEPS = 60  # of each closed-loop episode
 TOLERANCE = 1e-5  # float32: |artifact - checkpoint| <= 1e-5 * (1 + |checkpoint|)
 
 
@@ -39,11 +37,13 @@ def bc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     recipe = yaml.safe_load((root / "packaged.yaml").read_text())
     recipe["device"] = "cpu"
     recipe["trainer"].update({"batch_size": 8, "max_updates": 8, "save_every": 8,
-                              "validate_every": 8, "log_every": 8, "data_workers": 0,
+                              "validate_every": 0, "log_every": 8, "data_workers": 0,
                               "output_dir": str(root / "run")})
     recipe["model"] = {"channels": 8, "hidden": 32}
     recipe["data"].update(root=str(data), val_episodes=2, chunk=4)
-    recipe["validation"] = {"episodes": 2, "steps": 40, "max_examples": 32, "execute": 2}
+    recipe["validation"] = {"max_examples": 32, "execute": 2}
+    recipe["evaluation"].update(episodes=2, max_steps=STEPS, envs_per_rank=2, videos=0)
+    recipe["evaluation"]["env"]["kwargs"]["size"] = 32
     (root / "r.yaml").write_text(yaml.safe_dump(recipe))
     assert_ok(run_cli("train-sl", "--config", str(root / "r.yaml"), "--no-progress"))
     return root / "run"
@@ -74,13 +74,21 @@ def checkpoint_model(bc_run: Path) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def recorded(bc_run: Path) -> dict[str, np.ndarray]:
-    """1000 observations recorded in the dataset (evenly spaced over its frames)."""
+    """1000 observations recorded in the dataset (evenly spaced over its frames): the last
+    2 camera frames as the dataset decodes them (float, k / 255) and the state."""
     frames = LeRobotFrames(bc_run.parent / "data", features=[IMAGE_KEY, "observation.state"],
                            delta_timestamps={IMAGE_KEY: [-1 / 30, 0.0]})
     picks = np.linspace(0, len(frames) - 1, OBSERVATIONS).round().astype(int)
     examples = [frames[int(i)] for i in picks]
     return {key: torch.stack([e[key] for e in examples]).numpy()
             for key in (IMAGE_KEY, "observation.state")}
+
+
+def as_camera_gives(recorded: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The recorded frames as the camera gives them (uint8), under the policy's keys."""
+    pixels = np.round(recorded[IMAGE_KEY] * 255).astype(np.uint8)
+    assert np.array_equal(pixels.astype(np.float32) / 255, recorded[IMAGE_KEY])
+    return {"image": pixels, "state": recorded["observation.state"]}
 
 
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
@@ -94,7 +102,7 @@ def test_artifact_acts_like_the_checkpoint(fmt: str, artifacts: dict[str, Path],
     policy's: on 1000 recorded observations its actions equal the checkpoint's within 1e-5
     (float32), and the interface read back names keys, shapes, execution and provenance."""
     runner = PolicyRunner(artifacts[fmt])
-    got = runner.predict(recorded)
+    got = runner.predict(as_camera_gives(recorded))
     with torch.no_grad():
         want = checkpoint_model.forces(torch.from_numpy(recorded[IMAGE_KEY]),
                                        torch.from_numpy(recorded["observation.state"]))
@@ -103,10 +111,10 @@ def test_artifact_acts_like_the_checkpoint(fmt: str, artifacts: dict[str, Path],
 
     interface = read_interface(artifacts[fmt])
     assert interface == runner.interface
-    assert {k: v["shape"] for k, v in interface["observations"].items()} == {
-        IMAGE_KEY: [2, 3, 32, 32], "observation.state": [4]}
-    assert all(v["dtype"] == "float32" and v["meaning"]
-               for v in interface["observations"].values())
+    assert {k: (v["shape"], v["dtype"], v.get("stack")) for k, v in
+            interface["observations"].items()} == {"image": ([3, 32, 32], "uint8", 2),
+                                                    "state": ([4], "float32", None)}
+    assert all(v["meaning"] for v in interface["observations"].values())
     assert interface["action"]["key"] == "action" and interface["action"]["shape"] == [4, 1]
     assert (interface["fps"], interface["chunk"], interface["execution"]) == \
         (30, 4, {"horizon": 2})
@@ -122,37 +130,51 @@ def test_artifact_acts_like_the_checkpoint(fmt: str, artifacts: dict[str, Path],
 def test_wrong_observation_is_refused_by_name(artifacts: dict[str, Path],
                                               recorded: dict[str, np.ndarray]) -> None:
     """Catches a runner that casts, broadcasts or ignores what does not fit the interface
-    (a robot would act on garbage): a missing or unknown key, a float64 state and a wrong
-    shape are each refused naming the key and what differs."""
+    (a robot would act on garbage): a missing or unknown key, float frames where the camera
+    gives uint8, a float64 state and a wrong shape are each refused naming the key and
+    what differs."""
     runner = PolicyRunner(artifacts["onnx"])
-    one = {k: v[:3] for k, v in recorded.items()}
-    cases = [({IMAGE_KEY: one[IMAGE_KEY]}, "missing ['observation.state']"),
-             ({**one, "observation.velocity": one["observation.state"]},
-              "unknown ['observation.velocity']"),
-             ({**one, "observation.state": one["observation.state"].astype(np.float64)},
-              "'observation.state': dtype float64, the policy takes float32"),
-             ({**one, IMAGE_KEY: one[IMAGE_KEY][:, :1]},
-              "'observation.image': shape [3, 1, 3, 32, 32], the policy takes [2, 3, 32, 32]")]
+    one = {k: v[:3] for k, v in as_camera_gives(recorded).items()}
+    step = {"image": one["image"][:, -1], "state": one["state"]}  # one step: the last frame
+    cases = [({"image": step["image"]}, "missing ['state']"),
+             ({**step, "velocity": step["state"]}, "unknown ['velocity']"),
+             ({**step, "image": step["image"].astype(np.float32) / 255},
+              "'image': dtype float32, the policy takes uint8"),
+             ({**step, "state": step["state"].astype(np.float64)},
+              "'state': dtype float64, the policy takes float32"),
+             ({**step, "image": one["image"]},
+              "'image': shape [3, 2, 3, 32, 32], the policy takes [3, 32, 32]")]
     for observations, named in cases:
         with pytest.raises(ObservationError, match=named.replace("[", r"\[")):
             runner.act(observations)
-    assert runner.predict({k: v[0] for k, v in one.items()}).shape == (4, 1)  # unbatched
+    runner.reset()
+    assert runner.act({k: v[0] for k, v in step.items()}).shape == (1,)  # unbatched
+    assert runner.predict({k: v[0] for k, v in one.items()}).shape == (4, 1)
 
 
 def test_closed_loop_outcomes_equal_the_checkpoints(artifacts: dict[str, Path],
-                                                    checkpoint_model: torch.nn.Module) -> None:
-    """Catches a runner whose chunk execution differs from the checkpoint's closed loop
-    (e.g. every chunk's first action only, or the horizon counted from another step): on 2
-    short episodes the runner-driven artifact gives the checkpoint's per-episode outcomes,
-    and trajectories that agree to float32 rounding."""
-    params, steps = CartPoleParams(), 40
-    starts = initial_states(2, seed=1000)
-    reference = run_policy(checkpoint_model, starts, steps, frames=2, size=32, execute=2,
-                           params=params, device=torch.device("cpu"))
+                                                    bc_run: Path) -> None:
+    """Catches a runner whose chunk execution or frame stacking differs from the
+    checkpoint's closed loop (e.g. every chunk's first action only, the horizon counted
+    from another step, frames not repeated at an episode's start, or a slot's history kept
+    across its reset), and an `eval` that does not take an artifact: in the simulated
+    cart-pole (the recipe's evaluation: 2 episodes from its seeds, 2 slots), both formats
+    give the checkpoint's success, return and length, episode by episode."""
+    def outcomes(directory: Path) -> list[tuple]:
+        lines = (directory / "episodes.jsonl").read_text().splitlines()
+        return [(r["episode"], r["seed"], r["success"], round(r["return"], 3), r["length"],
+                 r["end"]) for r in map(json.loads, lines)]
+
+    root = bc_run.parent
+    result = invoke("eval", str(bc_run), "--out", str(root / "eval_ckpt"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    want = outcomes(root / "eval_ckpt")
+    assert len(want) == 2 and all(o[4] == STEPS for o in want)
     for fmt, path in artifacts.items():
-        states = run_agent(PolicyRunner(path), starts, steps, frames=2, size=32, params=params)
-        assert succeeded(states, params).tolist() == succeeded(reference, params).tolist()
-        torch.testing.assert_close(states, reference, rtol=1e-4, atol=1e-4, msg=fmt)
+        out = root / f"eval_{fmt}"
+        result = invoke("eval", str(path), "--out", str(out), "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert outcomes(out) == want, fmt
 
 
 def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,

@@ -72,6 +72,7 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
     evaluation = ClosedLoopEvaluation(
         config, lambda model, device: _InterfaceKeys(runner.PolicyRunner(path)),
         factory=f"the artifact {path}")
+    _check_observations(evaluation.facts.observation_space, interface, path)
     result = evaluation.run(None, "cpu", lockstep=False, overrides=overrides,
                             progress=progress)
     assert result is not None  # one process: rank 0
@@ -102,3 +103,25 @@ class _InterfaceKeys:
             keys = self.runner.observation_keys
             observations = {k: v for k, v in observations.items() if k in keys}
         return self.runner.act(observations)
+
+
+def _check_observations(space: Any, interface: dict[str, Any], path: Path) -> None:
+    """Refuse (exit 2) an environment whose observations are not what the artifact takes:
+    each of its keys, one step's shape and dtype (a Box for a one-key interface)."""
+    wanted = interface["observations"]
+    spaces = getattr(space, "spaces", None)
+    if not isinstance(spaces, dict):
+        spaces = {next(iter(wanted)): space} if len(wanted) == 1 else {}
+    problems = []
+    for key, spec in wanted.items():
+        got = spaces.get(key)
+        if got is None:
+            problems.append(f"{key} missing")
+            continue
+        shape, dtype = list(getattr(got, "shape", None) or []), str(getattr(got, "dtype", ""))
+        if shape != spec["shape"] or dtype != spec["dtype"]:
+            problems.append(f"{key} is {shape} {dtype}, the policy takes {spec['shape']} "
+                            f"{spec['dtype']}")
+    if problems:
+        raise UsageError(f"{path} cannot act in its evaluation environment: "
+                         + "; ".join(problems) + " (evaluate the checkpoint instead)")

@@ -4,7 +4,8 @@ put in the one form runners read, plus where the weights came from (provenance).
 The form (format 1) is the one `embodichain_models.deploy.runner` documents: `kind`,
 `observations` {key: {shape, dtype, meaning}}, `action` {key, shape, dtype, meaning}, `fps`,
 `chunk`, `execution` ({"horizon": h} or {"temporal_ensemble": m}) and `provenance`.
-Shapes are one example's (no batch dimension).
+Shapes are one example's (no batch dimension); an observation with `stack: n` is one step's
+(`shape`), of which the model takes the last n (`[n, *shape]`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ FORMAT = 1
 INTERFACE_KEY = "embodichain.interface"  # ONNX metadata_props entry (the runner's name too)
 PT2_INTERFACE_FILE = "interface.json"  # .pt2 extra file
 KINDS = ("policy", "simulator_step")
+DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool")
 PACKAGES = ("embodichain", "embodichain-models", "torch", "onnx", "onnxscript", "onnxruntime",
             "numpy")
 
@@ -73,7 +75,15 @@ def _feature(spec: Any, where: str) -> dict[str, Any]:
     if not all(isinstance(d, int) and d > 0 for d in shape):
         raise UsageError(f"{where}: shape {shape} is not a list of positive integers")
     dtype = str(spec.get("dtype", "float32")).removeprefix("torch.")
-    return {"shape": shape, "dtype": dtype, "meaning": str(spec.get("meaning", ""))}
+    if dtype not in DTYPES:
+        raise UsageError(f"{where}: dtype {dtype!r} is not one of {list(DTYPES)}")
+    feature = {"shape": shape, "dtype": dtype, "meaning": str(spec.get("meaning", ""))}
+    stack = spec.get("stack")
+    if stack is not None:  # given one step at a time; the model takes the last `stack`
+        if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
+            raise UsageError(f"{where}: stack {stack!r} is not a positive integer")
+        feature["stack"] = stack
+    return feature
 
 
 def _positive(value: Any, where: str) -> float | int:

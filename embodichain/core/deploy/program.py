@@ -62,14 +62,18 @@ def deployable_of(model: nn.Module, factory: str) -> tuple[nn.Module, Any]:
 
 def example_inputs(interface: dict[str, Any], batch: int, seed: int = 0
                    ) -> tuple[torch.Tensor, ...]:
-    """Observations of the interface's shapes and dtypes (uniform in [0, 1) for floats)."""
+    """The model's inputs for the interface's shapes and dtypes: uniform in [0, 1) for
+    floats, 0..255 for uint8, 0 or 1 otherwise."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for spec in interface["observations"].values():
         dtype = getattr(torch, spec["dtype"])
-        shape = (batch, *spec["shape"])
-        out.append(torch.rand(shape, generator=gen).to(dtype) if dtype.is_floating_point
-                   else torch.zeros(shape, dtype=dtype))
+        shape = (batch, *([spec["stack"]] if spec.get("stack") else []), *spec["shape"])
+        if dtype.is_floating_point:
+            out.append(torch.rand(shape, generator=gen).to(dtype))
+        else:
+            high = 256 if dtype == torch.uint8 else 2
+            out.append(torch.randint(0, high, shape, generator=gen).to(dtype))
     return tuple(out)
 
 

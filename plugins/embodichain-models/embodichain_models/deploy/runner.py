@@ -11,7 +11,9 @@ a JSON document::
      "fps": 30, "chunk": 8, "execution": {"horizon": H} | {"temporal_ensemble": M},
      "provenance": {"run_id", "update", "recipe_sha256", "packages", ...}}
 
-Shapes are one example's, without the batch dimension. `PolicyRunner.predict` maps a batch
+Shapes are one example's, without the batch dimension; an observation with `"stack": n`
+is given one step at a time and the model takes its last n (`[n, *shape]`, the runner
+keeps them per batch slot). `PolicyRunner.predict` maps a batch
 of observations to the model's output (a policy's action chunk `[B, chunk, action_dim]`, a
 simulator step's next state); `PolicyRunner.act` executes the chunks step by step as the
 interface says, one action `[B, action_dim]` per call, each batch slot an episode of its own
@@ -63,10 +65,14 @@ class PolicyRunner:
         self.observation_keys = tuple(self.interface["observations"])
         self.kind = self.interface.get("kind", "policy")
         self._execution = (execution_for(self.interface) if self.kind == "policy" else None)
+        self._frames = Frames([int(spec.get("stack", 0)) for spec in
+                               self.interface["observations"].values()])
 
-    def check(self, observations: Mapping[str, Any]) -> tuple[list[np.ndarray], bool]:
+    def check(self, observations: Mapping[str, Any], *, step: bool = False
+              ) -> tuple[list[np.ndarray], bool]:
         """The observation arrays in the model's input order and whether they came batched;
-        ObservationError naming a missing or unknown key, a wrong shape or dtype."""
+        ObservationError naming a missing or unknown key, a wrong shape or dtype. `step`:
+        one step's observations (a stacked key's latest frame), else the model's inputs."""
         if not isinstance(observations, Mapping) and len(self.observation_keys) == 1:
             observations = {self.observation_keys[0]: observations}  # one key: a bare array
         if not isinstance(observations, Mapping):
@@ -85,6 +91,8 @@ class PolicyRunner:
             spec, value = self.interface["observations"][key], observations[key]
             array = value if isinstance(value, np.ndarray) else _as_numpy(value, key)
             want = tuple(spec["shape"])
+            if spec.get("stack") and not step:
+                want = (int(spec["stack"]), *want)
             if array.dtype != np.dtype(spec["dtype"]):
                 raise ObservationError(f"observation {key!r}: dtype {array.dtype}, the policy "
                                        f"takes {spec['dtype']}")
@@ -104,7 +112,8 @@ class PolicyRunner:
         return arrays, batched.pop()
 
     def predict(self, observations: Mapping[str, Any]) -> np.ndarray:
-        """The model's output for these observations (a policy's action chunk)."""
+        """The model's output for these inputs (a policy's action chunk); a stacked key takes
+        its whole stack `[stack, *shape]` here."""
         arrays, batched = self.check(observations)
         out = self._forward(arrays)
         return out if batched else out[0]
@@ -114,18 +123,55 @@ class PolicyRunner:
         if self._execution is None:
             raise ArtifactError(f"{self.path} is a {self.kind}, not a policy: use predict()")
         self._execution.reset(env_index)
+        self._frames.reset(env_index)
 
     def act(self, observations: Mapping[str, Any]) -> np.ndarray:
         """This step's action `[B, action_dim]` (`[action_dim]` unbatched), the chunk
         execution applied; queries the model only when the execution needs a new chunk."""
         if self._execution is None:
             raise ArtifactError(f"{self.path} is a {self.kind}, not a policy: use predict()")
-        arrays, batched = self.check(observations)
+        arrays, batched = self.check(observations, step=True)
+        arrays = self._frames.push(arrays)
         execution = self._execution
         execution.start(arrays[0].shape[0])
         chunk = self._forward(arrays) if execution.wants_chunk() else None
         action = execution.step(chunk)
         return action if batched else action[0]
+
+
+class Frames:
+    """The last `stack` observations of each stacked key per batch slot (oldest first; at
+    an episode's start its first observation repeated), as the model takes them."""
+
+    def __init__(self, stacks: Sequence[int]) -> None:
+        self.stacks = list(stacks)
+        self.history: list[np.ndarray | None] = [None] * len(stacks)
+        self.fresh: np.ndarray | None = None
+
+    def reset(self, env_index: int | None) -> None:
+        if self.fresh is not None:
+            if env_index is None:
+                self.fresh[:] = True
+            else:
+                self.fresh[env_index] = True
+
+    def push(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        batch = arrays[0].shape[0]
+        if self.fresh is None or len(self.fresh) != batch:
+            self.fresh, self.history = np.ones(batch, bool), [None] * len(self.stacks)
+        out = []
+        for i, (stack, array) in enumerate(zip(self.stacks, arrays, strict=True)):
+            if not stack:
+                out.append(array)
+                continue
+            old = self.history[i]
+            new = (np.repeat(array[:, None], stack, axis=1) if old is None else
+                   np.concatenate([old[:, 1:], array[:, None]], axis=1))
+            new[self.fresh] = np.repeat(array[self.fresh][:, None], stack, axis=1)
+            self.history[i] = new
+            out.append(new)
+        self.fresh[:] = False
+        return out
 
 
 class Horizon:

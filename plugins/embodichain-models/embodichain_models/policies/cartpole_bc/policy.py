@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from embodichain.learning.sl import LossResult
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.task import FPS, MAX_FORCE, TASK
 
 
@@ -49,21 +48,23 @@ class ChunkPolicy(nn.Module):
         return self(images, state) * self.action_std + self.action_mean
 
     def deployable(self) -> nn.Module:
-        """What is deployed: raw observations -> forces in newtons `[B, chunk, 1]`."""
+        """What is deployed: the camera's last frames (uint8, as the camera gives them) and
+        the state -> forces in newtons `[B, chunk, 1]`."""
         return DeployedChunkPolicy(self)
 
     def interface(self) -> dict:
-        """The deployable forward's observations, action and chunk execution."""
-        image = [self.frames, 3, self.size, self.size]
+        """The deployable forward's observations (the simulated cart-pole's, `image` and
+        `state`), action and chunk execution."""
         return {
             "kind": "policy",
             "observations": {
-                IMAGE_KEY: {"shape": image, "dtype": "float32", "meaning":
-                            f"the last {self.frames} camera frames (RGB, values in [0, 1], "
-                            "oldest first; at an episode's start the first frame repeated)"},
-                "observation.state": {"shape": [4], "dtype": "float32", "meaning":
-                                      "[x (m), theta (rad, 0 upright), x_dot (m/s), "
-                                      "theta_dot (rad/s)]"}},
+                "image": {"shape": [3, self.size, self.size], "dtype": "uint8",
+                          "stack": self.frames, "meaning":
+                          "the camera frame (RGB, channels first, 0..255); the policy sees "
+                          f"the last {self.frames}, oldest first (at an episode's start the "
+                          "first repeated)"},
+                "state": {"shape": [4], "dtype": "float32", "meaning":
+                          "[x (m), theta (rad, 0 upright), x_dot (m/s), theta_dot (rad/s)]"}},
             "action": {"key": "action", "shape": [self.chunk, 1], "dtype": "float32",
                        "meaning": f"cart forces (N) for the next {self.chunk} control steps; "
                                   f"clip to +-{MAX_FORCE:g} N"},
@@ -72,14 +73,15 @@ class ChunkPolicy(nn.Module):
 
 
 class DeployedChunkPolicy(nn.Module):
-    """`(images [B, F, 3, S, S], state [B, 4]) -> forces [B, chunk, 1]` (N), normalisation
-    inside: the policy's deployable forward."""
+    """`(frames uint8 [B, F, 3, S, S], state [B, 4]) -> forces [B, chunk, 1]` (N): the
+    policy's deployable forward, the pixels' scaling and the normalisation inside."""
 
     def __init__(self, policy: ChunkPolicy) -> None:
         super().__init__()
         self.policy = policy
 
-    def forward(self, images: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    def forward(self, frames: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        images = frames.float().div(255.0)  # as the closed loop (ChunkExecution) scales them
         return self.policy.forces(images, state).unsqueeze(-1)
 
 

@@ -10,13 +10,10 @@ environment's `reset(seed=s + e)` does.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
 from embodichain_models.perception.cartpole_pixels.render import render
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.task import (
     MAX_FORCE,
     Expert,
@@ -63,25 +60,5 @@ def run_policy(policy: torch.nn.Module, starts: torch.Tensor, steps: int, frames
             plan = policy.forces(images, state.to(torch.float32).to(device)).cpu()
         assert plan is not None
         force = plan[:, t % execute].to(torch.float64).clamp(-MAX_FORCE, MAX_FORCE)
-        state = control_step(state, force, params)
-    return torch.stack(states, 1)
-
-
-def run_agent(agent: Any, starts: torch.Tensor, steps: int, frames: int, size: int,
-              params: CartPoleParams) -> torch.Tensor:
-    """States `[N, steps, 4]` of the closed loop driven by `agent` (an exported policy's
-    runner, or anything with `reset(env_index)` and `act(observations) -> [N, 1]` forces):
-    the same frames, physics and force limit as `run_policy`, the chunk execution the
-    agent's own. Observations are float32 numpy arrays under the policy's keys."""
-    state, states = starts, []
-    history: list[torch.Tensor] = []
-    agent.reset(None)
-    for _ in range(steps):
-        states.append(state)
-        image = render(state.to(torch.float32), size).float().div_(255.0)
-        history = (history or [image] * frames)[1:] + [image]
-        action = agent.act({IMAGE_KEY: torch.stack(history, 1).numpy(),
-                            "observation.state": state.to(torch.float32).numpy()})
-        force = torch.as_tensor(action)[:, 0].to(torch.float64).clamp(-MAX_FORCE, MAX_FORCE)
         state = control_step(state, force, params)
     return torch.stack(states, 1)
