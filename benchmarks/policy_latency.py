@@ -55,6 +55,14 @@ def export(run: Path, out: Path) -> Path:
     return out
 
 
+def model_input(rng: np.random.Generator, spec: dict) -> np.ndarray:
+    """One batch-1 input of an observation (its whole stack, if it has one)."""
+    shape = (1, *([spec["stack"]] if spec.get("stack") else []), *spec["shape"])
+    if spec["dtype"] == "uint8":
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    return rng.random(shape).astype(spec["dtype"])
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
@@ -93,8 +101,7 @@ def main() -> None:
 
         interface = onnx_runner.interface
         rng = np.random.default_rng(0)
-        observations = [{k: rng.random((1, *v["shape"]), dtype=np.float32)
-                         for k, v in interface["observations"].items()}
+        observations = [{k: model_input(rng, v) for k, v in interface["observations"].items()}
                         for _ in range(args.steps)]
         variants = {"onnx (onnxruntime, runner)": onnx_runner.predict,
                     "pt2 (torch.export, runner)": pt2_runner.predict,
