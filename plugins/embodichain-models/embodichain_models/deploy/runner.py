@@ -326,9 +326,13 @@ def _open_pt2(path: Path) -> tuple[Callable[[Sequence[np.ndarray]], np.ndarray],
     program = torch.export.load(str(path), extra_files=extra)
     interface = _parse_interface(extra[PT2_INTERFACE_FILE], path)
     module = program.module()
+    # The graph's own forward, without the module's pre-hooks: they re-check the inputs
+    # against the export's constraints through pytree walks on every call (the runner has
+    # checked them against the interface) and enable nn.Module inputs (a policy has none).
+    graph_forward = module.forward
 
     def forward(arrays: Sequence[np.ndarray]) -> np.ndarray:
         with torch.inference_mode():
-            return module(*(torch.from_numpy(a) for a in arrays)).numpy()
+            return graph_forward(*(torch.from_numpy(a) for a in arrays)).numpy()
 
     return forward, interface
