@@ -4,8 +4,8 @@
   (`.item()`), which `torch.export` cannot capture in a graph: export is refused;
 - `deploying:chunked`: an exportable policy, `x [B, 4] -> chunk [B, 3, 2]` (the model's
   output and shifted copies of it), executed by temporal ensembling (m = 0.5);
-- `deploying:reach`: closed_loop's recipe (a gymnasium environment in its evaluation
-  section) whose linear policy declares a one-action chunk, executed with horizon 1.
+- `deploying:reach`: a linear policy judged in closed_loop's Reach environment (its
+  evaluation section), declaring a one-action chunk executed with horizon 1.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import closed_loop  # tests/factories, on the path as this module is
 import torch
 from torch import nn
 
-from embodichain.learning.sl import SupervisedTrainer, TensorSource
+from embodichain.learning.sl import LossResult, SupervisedTrainer, TensorSource
 from embodichain.plugins import sl_ddp
 
 
@@ -89,9 +89,16 @@ branching.config_schema = sl_ddp.build_supervised_trainer.config_schema
 chunked.config_schema = sl_ddp.build_supervised_trainer.config_schema
 
 
-class ReachModel(nn.Sequential):
-    """closed_loop's linear policy (`x [B, 1] -> action [B, 1]`), declaring its deployable
-    forward: a chunk of one action, executed with horizon 1."""
+class ReachModel(nn.Module):
+    """A linear policy for closed_loop's Reach (`x [B, 1] -> action [B, 1]`), declaring
+    its deployable forward: a chunk of one action, executed with horizon 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
     def deployable(self) -> nn.Module:
         return _OneStep(self)
@@ -113,11 +120,32 @@ class _OneStep(nn.Module):
         return self.model(x).unsqueeze(1)
 
 
+class _Acting:
+    """The checkpoint's closed-loop policy: `act(obs [N, 1]) -> model(obs)`."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+
+    def reset(self, env_index: int) -> None:
+        pass
+
+    def act(self, observations: object) -> torch.Tensor:
+        return self.model(torch.as_tensor(observations, device=self.device))
+
+
 def reach(config, device):
-    """closed_loop's recipe (the Reach environment) with `ReachModel`."""
-    trainer = closed_loop.build_supervised_trainer(config, device)
-    trainer.learner.model.__class__ = ReachModel  # the same Sequential, its methods added
-    return trainer
+    """A linear policy trained to output -x / 0.3 (clipped), judged in closed_loop's Reach
+    (the recipe's `evaluation.env.constructor: closed_loop:make_reach`)."""
+    g = torch.Generator().manual_seed(config.data.seed)
+    x = torch.rand(config.data.size, 1, generator=g) * 2 - 1
+    source = TensorSource({"x": x, "y": (-x / 0.3).clamp(-1, 1)})
+
+    def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
+        loss = (model(batch["x"]) - batch["y"]).square().mean()
+        return LossResult(loss=loss, weight=float(len(batch["x"])))
+
+    return SupervisedTrainer(config, model=ReachModel(), source=source, objective=objective,
+                             device=device, policy=_Acting)
 
 
 reach.config_schema = closed_loop.ClosedLoopRecipe
