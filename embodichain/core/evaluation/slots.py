@@ -70,19 +70,13 @@ class LocalSlot(Slot):
         self.host.close()
 
 
-def _context(spec: EnvSpec) -> Any:
-    """forkserver where there is one: a worker starts from a small server process, not a
-    copy of the training process (its threads, CUDA state and memory). The server imports
-    the environment's modules once (a module it cannot import is imported by each worker),
-    so that a worker started after a fault is ready at once."""
+def _context() -> Any:
+    """fork where there is one, as gymnasium's AsyncVectorEnv does on Linux: a worker starts
+    at once, with the modules this process has imported, and without running the main
+    script again (forkserver and spawn re-import it in every worker). The environment must
+    then not need CUDA state of this process (build it in the worker: it is)."""
     methods = multiprocessing.get_all_start_methods()
-    if "forkserver" in methods:
-        context = multiprocessing.get_context("forkserver")
-        modules = ["embodichain.core.evaluation.worker", spec.import_module,
-                   (spec.constructor or "").partition(":")[0]]
-        context.set_forkserver_preload([m for m in modules if m])
-        return context
-    return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 class ProcessSlot(Slot):
@@ -94,11 +88,12 @@ class ProcessSlot(Slot):
         self.process: Any = None
         self.connection: Any = None
         self.sent = 0.0
-        self.fresh = False  # started for this command: it also builds the environment
+        self.fresh = False  # this command also builds the environment (allowed BUILD_S)
+        self.fresh_next = False  # the environment was dropped: the next command builds it
         self.dead = False  # timed out or gone: a new process, not a new environment
 
     def _start(self) -> None:
-        context = _context(self.spec)
+        context = _context()
         parent, child = context.Pipe()
         self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path)),
                                        daemon=True,
@@ -108,8 +103,9 @@ class ProcessSlot(Slot):
         self.connection = parent
 
     def send(self, command: str, argument: Any, render: bool) -> None:
-        self.fresh = self.process is None
-        if self.fresh:
+        self.fresh = self.fresh_next or self.process is None
+        self.fresh_next = False
+        if self.process is None:
             self._start()
         self.sent = time.monotonic()
         try:
@@ -141,6 +137,7 @@ class ProcessSlot(Slot):
             return
         try:  # the process is well: it builds a new environment
             self.connection.send(("rebuild", None, False))
+            self.fresh_next = True
         except (OSError, ValueError):
             self.close(kill=True)
 

@@ -101,7 +101,7 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
         try:
             trainer.step = found.step
             result = run_closed_loop(trainer, ema=False, overrides=overrides,
-                                     progress=progress)
+                                     progress=progress, lockstep=True)
         finally:
             trainer.close()
     if result is not None:

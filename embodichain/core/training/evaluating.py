@@ -59,15 +59,17 @@ def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:
 
 
 def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
-                    overrides: Overrides | None = None, progress: Any = None
-                    ) -> EvaluationResult | None:
-    """The evaluation on every rank (collective); rank 0's result, None elsewhere."""
+                    overrides: Overrides | None = None, progress: Any = None,
+                    lockstep: bool = False) -> EvaluationResult | None:
+    """The evaluation on every rank (collective); rank 0's result, None elsewhere.
+    `lockstep` (the same on every rank): step together even where the strategy's forward
+    is not collective (`eval`: rank 0's progress bar counts every rank's episodes)."""
     closed_loop = trainer.closed_loop
     assert closed_loop is not None
     if ema is None:
         ema = closed_loop.config.acting == "ema"
     model = acting_model(trainer, ema)
-    lockstep = trainer.learner.strategy.collective_forward or progress is not None
+    lockstep = lockstep or trainer.learner.strategy.collective_forward
     with preserved_rng(trainer.device), torch.no_grad():
         model.eval()
         try:

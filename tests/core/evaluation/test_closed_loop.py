@@ -209,3 +209,8 @@ def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path
         assert proc.returncode == 2, proc.stderr
         assert "evaluation.env: 'NoSuchEnv-v0'" in " ".join(proc.stderr.split())
     assert not (tmp_path / "run" / "run.json").exists()
+    # The EMA asked to act in a run that keeps none: the recipe itself is refused.
+    recipe = write(tmp_path / "ema.yaml", tmp_path / "run", evaluation={"acting": "ema"})
+    proc = run_cli("validate-config", str(recipe), env=factories_env())
+    assert proc.returncode == 2 and "evaluation.acting: ema needs trainer.ema" in \
+        " ".join(proc.stderr.split()), proc.stderr
