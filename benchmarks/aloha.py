@@ -111,14 +111,19 @@ def curve(run: Path) -> None:
     print(f"run {meta.get('run_id')} world size {meta.get('world_size')}, "
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     evals = [r for r in records if "validation/success_rate" in r]
-    spent = 0.0
+    before = 0.0  # evaluation time before this update's evaluation
     for r in evals:
-        spent += r.get("time/evaluation_s", 0.0)
         elapsed = max((x["time/elapsed_s"] for x in records
                        if x["step"] <= r["step"] and "time/elapsed_s" in x), default=0.0)
+        took = r.get("time/evaluation_s", 0.0)
+        episodes = run / "evaluations" / f"update_{r['step']:06d}.jsonl"
+        count = len(episodes.read_text().splitlines()) if episodes.is_file() else 0
         print(f"update {r['step']:>6}: success {r['validation/success_rate']:.2f} "
-              f"({r.get('validation/episode_length', float('nan')):.0f} steps mean), "
-              f"elapsed {elapsed / 60:.1f} min, of which evaluation {spent / 60:.1f} min")
+              f"({r.get('validation/episode_length', float('nan')):.0f} steps mean); "
+              f"training {(elapsed - before) / 60:.1f} min wall, + {before / 60:.1f} min of "
+              f"earlier evaluations; this evaluation {took / 60:.1f} min "
+              f"({count} episodes, {count / took if took else 0:.2f} episodes/s)")
+        before += took
 
 
 def main() -> None:

@@ -151,3 +151,13 @@ def test_a_camera_policy_sees_environment_frames_as_the_dataset_gives_them() -> 
                              "observation.environment_state": torch.zeros(2, 7),
                              "observation.images.top": image.flip(-1)})[:, 0]
     assert not torch.allclose(other, expected)
+
+
+def test_the_packaged_recipe_is_the_transfer_cube_example() -> None:
+    """Catches `embodichain init aloha_act` drifting from the documented example."""
+    import yaml
+
+    from embodichain.core.recipe.packaged import recipe_text
+    from tests.models.aloha.helpers import EXAMPLE
+
+    assert yaml.safe_load(recipe_text("aloha_act")) == yaml.safe_load(EXAMPLE.read_text())

@@ -37,11 +37,11 @@ class ActShape:
     action_dim: int
     chunk: int
     cameras: tuple[str, ...] = ()
-    hidden: int = 256
-    heads: int = 8
+    hidden: int = 128
+    heads: int = 4
     encoder_layers: int = 2
     decoder_layers: int = 1
-    feedforward: int = 1024
+    feedforward: int = 512
     dropout: float = 0.1
     cvae: bool = False
     latent_dim: int = 32

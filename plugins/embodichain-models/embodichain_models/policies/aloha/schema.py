@@ -41,14 +41,14 @@ def _task(name: str) -> str:
 
 
 class ModelSection(Section):
-    hidden: PositiveInt = 256
+    hidden: PositiveInt = 128
     """Width of every token (ACT: 512)."""
-    heads: PositiveInt = 8
+    heads: PositiveInt = 4
     encoder_layers: PositiveInt = 2
     """Transformer encoder layers over the observation tokens (ACT: 4)."""
     decoder_layers: PositiveInt = 1
     """Decoder layers (ACT's code uses the first of its 7; lerobot: 1)."""
-    feedforward: PositiveInt = 1024
+    feedforward: PositiveInt = 512
     """Width of the feed-forward blocks (ACT: 3200)."""
     dropout: float = Field(default=0.1, ge=0, lt=1)
     cvae: bool = False
@@ -72,7 +72,7 @@ class DataSection(Section):
     """The LeRobot v3.0 dataset written by the prepare command."""
     task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
-    chunk: PositiveInt = 100
+    chunk: PositiveInt = 50
     """Actions predicted per step: this one and the next chunk-1 (ACT: 100)."""
     cameras: list[str] = Field(default_factory=list)
     """Cameras the policy sees (`observation.images.<camera>` of the dataset); none: state
