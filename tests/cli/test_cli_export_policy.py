@@ -240,3 +240,12 @@ def test_a_sharded_checkpoint_exports_its_consolidated_weights(
     want = torch.stack([y + 0.25 * i for i in range(3)], dim=1).numpy()
     np.testing.assert_allclose(PolicyRunner(out).predict({"x": x.numpy()}), want,
                                rtol=TOLERANCE, atol=TOLERANCE)
+
+
+def test_ema_policy_of_a_run_without_ema_is_refused(bc_run: Path) -> None:
+    """Catches `--policy --ema` silently exporting the model's own weights when the run kept
+    no EMA: refused (exit 2) saying so, nothing written."""
+    out = bc_run.parent / "ema.onnx"
+    result = invoke("export", str(bc_run), "--policy", str(out), "--ema")
+    assert result.exit_code == 2, result.output
+    assert "holds no EMA weights" in result.stderr and not out.exists()
