@@ -52,7 +52,9 @@ def bc(tmp_path_factory: pytest.TempPathFactory) -> Path:
                               "output_dir": str(root / "run")})
     recipe["model"] = {"channels": 4, "hidden": 8}
     recipe["data"].update(root=str(data), val_episodes=1)
-    recipe["validation"] = {"episodes": 1, "steps": 5, "max_examples": 4}
+    recipe["validation"] = {"max_examples": 4}
+    recipe["evaluation"].update(episodes=1, max_steps=5, envs_per_rank=1, videos=0)
+    recipe["evaluation"]["env"]["kwargs"] = {"size": 32}
     (root / "r.yaml").write_text(yaml.safe_dump(recipe))
     return root
 
