@@ -67,6 +67,9 @@ class Strategy(ABC):
     """One way of spreading the model over the ranks; built by the learner, on every rank."""
 
     name: str  # the value of `trainer.strategy`
+    # Whether a forward of the model is a collective (every rank must run it together):
+    # the closed-loop evaluation then steps every rank in lockstep (R-EVAL-2).
+    collective_forward: bool = False
 
     def __init__(self, device: torch.device, precision: str) -> None:
         self.device = device

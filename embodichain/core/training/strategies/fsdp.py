@@ -64,6 +64,7 @@ class FsdpStrategy(Strategy):
     """FSDP2 over every rank (a one-rank group of its own in a single process)."""
 
     name = "fsdp"
+    collective_forward = True  # each block all-gathers its parameters
 
     def __init__(self, device: torch.device, precision: str) -> None:
         super().__init__(device, precision)
