@@ -14,8 +14,9 @@ from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, launch_if_asked
 
 def evaluate(
     target: Annotated[Path, typer.Argument(
-        metavar="RUN_DIR|CKPT", autocompletion=completion.any_path,
-        help="Checkpoint file, or a run directory for its newest snapshot.")],
+        metavar="RUN_DIR|CKPT|ARTIFACT", autocompletion=completion.any_path,
+        help="Checkpoint file, a run directory for its newest snapshot, or a policy "
+        "exported with `export --policy` (.onnx, .pt2).")],
     episodes: Annotated[int | None, typer.Option(
         "--episodes", metavar="N", help="Episodes (default: the recipe's evaluation.episodes).")
     ] = None,
@@ -42,6 +43,11 @@ def evaluate(
     """
     with reported_errors(debug):
         from embodichain.core.evaluation.closed_loop import Overrides
+
+        if target.suffix in (".onnx", ".pt2"):  # an exported policy (export --policy)
+            _evaluate_artifact(target, Overrides(episodes, seed, videos), ema, out,
+                               nproc_per_node, not no_progress)
+            return
         from embodichain.core.launch.evaluate import evaluate_checkpoint, find_target
         from embodichain.core.launch.self_launch import should_launch, worker_command
 
@@ -57,6 +63,21 @@ def evaluate(
                                                 progress=progress)
         if result is not None:
             _print(found, result)
+
+
+def _evaluate_artifact(target: Path, overrides: Any, ema: bool, out: Path | None,
+                       nproc_per_node: int | None, progress: bool) -> None:
+    from embodichain.core.deploy.evaluate import evaluate_artifact
+    from embodichain.core.errors import UsageError
+
+    if ema or nproc_per_node is not None:
+        raise UsageError(f"{target} is an exported policy: its weights are fixed (no --ema) "
+                         "and it is evaluated in one process (no --nproc-per-node)")
+    if not target.is_file():
+        raise UsageError(f"{target}: no such exported policy")
+    with _progress(progress and env_rank() == 0) as show:
+        found, result = evaluate_artifact(target, out=out, overrides=overrides, progress=show)
+    _print(found, result)
 
 
 class _progress:

@@ -33,10 +33,11 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
         raise UsageError(str(exc)) from None
     source, stats, size = bc.source, bc.stats, bc.size
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
+    v, closed_loop = config.validation, config.evaluation
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
                         config.model.hidden, state_std[[0, 2, 3]].clamp_min(1e-3),
-                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]))
-    v, closed_loop = config.validation, config.evaluation
+                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]),
+                        execute=min(v.execute, data.chunk))
     camera = (closed_loop.env.kwargs.get("size", 64) if closed_loop is not None else size)
     if camera != size:
         raise UsageError(f"evaluation.env.kwargs.size is {camera}, but the dataset's camera "
