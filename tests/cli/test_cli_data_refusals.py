@@ -31,8 +31,12 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_a_dataset_error_exits_2_let_through_or_wrapped_by_the_factory(tmp_path: Path) -> None:
     """Catches the reader's format error not being a DataFormatError (the docs' factory lets
     it through: exit 1) and a CLI that does not follow a foreign exception's cause chain to
-    the refusal behind it (the wrapping factory: exit 1, `RuntimeError: ...`)."""
-    for factory in ("direct", "wrapped"):
+    the refusal behind it (the wrapping factory: exit 1, `RuntimeError: ...`): re-raised
+    `from exc` (`__cause__`), implicitly in the `except` block (`__context__`) or `from None`
+    (`__context__` kept, only hidden from the traceback: the refusal is still what stopped
+    the factory). A chain followed through `__cause__` only, or one that honours
+    `__suppress_context__`, exits 1 for the last two."""
+    for factory in ("direct", "wrapped", "implicit", "suppressed"):
         proc = run_cli("train-sl", "--config", str(_recipe(tmp_path, factory)), "--no-progress",
                        env=_env(tmp_path))
         assert proc.returncode == 2, (factory, proc.stderr)
@@ -51,10 +55,13 @@ def test_a_bad_shard_blocks_exits_2_naming_it(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_refused_dataset_under_self_launch_is_not_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("factory", ["wrapped", "suppressed"])
+def test_a_refused_dataset_under_self_launch_is_not_retried(tmp_path: Path, factory: str
+                                                            ) -> None:
     """Catches a wrapped dataset error taken for a failure (exit 1 on each worker): the
-    self-launcher restarts it (`--max-restarts 1`: a second attempt of each rank, exit 1)."""
-    proc = run_cli("train-sl", "--config", str(_recipe(tmp_path, "wrapped")), "--no-progress",
+    self-launcher restarts it (`--max-restarts 1`: a second attempt of each rank, exit 1);
+    wrapped `from exc` and `from None` (the refusal only in `__context__`)."""
+    proc = run_cli("train-sl", "--config", str(_recipe(tmp_path, factory)), "--no-progress",
                    "--nproc-per-node", "2", "--max-restarts", "1", env=_env(tmp_path))
     attempts = sorted((tmp_path / "attempts").read_text().splitlines())
     assert attempts == ["0 0", "1 0"], (attempts, proc.stderr)

@@ -2,7 +2,9 @@
 `sl_ddp` recipe whose factory first opens the LeRobot dataset named by
 EMBODICHAIN_TEST_DATASET, as docs/lerobot.md's snippet does (`direct`: the reader's error let
 through) or as a cautious factory does (`wrapped`: re-raised in its own RuntimeError, `from
-exc`); `bad_blocks` names a module outside the model in `shard_blocks`.
+exc`; `implicit`: raised in the `except` block without `from`, the reader's error its
+context; `suppressed`: `from None`, the context hidden from the traceback only);
+`bad_blocks` names a module outside the model in `shard_blocks`.
 
 With EMBODICHAIN_TEST_SLOW_EXIT_RANK=r, rank r's interpreter lingers 2 s at exit (as a
 rank still shutting down its process group does when torchrun stops the others).
@@ -55,6 +57,24 @@ def wrapped(config, device):
     return sl_ddp.build_supervised_trainer(config, device)
 
 
+def implicit(config, device):
+    _note_attempt()
+    try:
+        _open_dataset()
+    except Exception:
+        raise RuntimeError("could not open the training data")  # noqa: B904 (the point)
+    return sl_ddp.build_supervised_trainer(config, device)
+
+
+def suppressed(config, device):
+    _note_attempt()
+    try:
+        _open_dataset()
+    except Exception:
+        raise RuntimeError("could not open the training data") from None
+    return sl_ddp.build_supervised_trainer(config, device)
+
+
 def bad_blocks(config, device):
     model = sl_ddp.make_model(config.model.hidden)
     source = TensorSource(sl_ddp.make_corpus(config.data.train_size, config.data.seed))
@@ -62,5 +82,5 @@ def bad_blocks(config, device):
                              device=device, shard_blocks=[model[0], nn.Linear(2, 2)])
 
 
-for _factory in (direct, wrapped, bad_blocks):
+for _factory in (direct, wrapped, implicit, suppressed, bad_blocks):
     _factory.config_schema = sl_ddp.SlDdpConfig

@@ -7,7 +7,8 @@ against the run that was never interrupted. The factory
 (tests/factories/global_recording.py) has no dropout, so nothing per-rank is random and the
 two runs differ only in the order in which each update's gradients are summed.
 
-The bound: every tensor of the model and of Adam's state within a relative 1e-5
+The bound: every tensor of the model, the EMA and Adam's state (a sharded checkpoint's put
+together from its shards) within a relative 1e-5
 (‖a − b‖ / ‖a‖) of the uninterrupted run's. Each update sums the same 16 per-example
 gradients in another grouping (one rank's autograd accumulation over K micro-batches against
 gloo's all-reduce over ranks): a few float32 roundings (~6e-8 relative) per update, which
@@ -19,6 +20,7 @@ orders of margin, while a wrong example, augmentation or weight moves tensors by
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -27,6 +29,7 @@ import torch
 
 from embodichain.core.checkpoint.export import checkpoint_model
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.sharded import is_sharded_checkpoint, read_shard
 from tests.support import assert_ok, run_cli, run_torchrun
 from tests.support.data import data_env, data_recipe
 
@@ -55,22 +58,51 @@ def _records(directory: Path) -> dict[int, list[int]]:
     return updates
 
 
+def _optimizer_state(path: Path, data: dict) -> dict[tuple[int, str], torch.Tensor]:
+    """Every Adam state tensor of a checkpoint by (parameter index, key): an unsharded one's
+    as saved; a sharded one's put together from every rank's shard, each rank's dim-0 rows
+    at the offset its manifest records (so checkpoints of different world sizes compare)."""
+    if not is_sharded_checkpoint(data):
+        return {(index, key): value
+                for index, state in data["payload"]["learner"]["optimizer"]["state"].items()
+                for key, value in state.items() if isinstance(value, torch.Tensor)}
+    shards = [read_shard(path.parent, data, r)["payload"]["optimizer"]
+              for r in range(int(data["manifest"]["world_size"]))]
+    full = {}
+    for index, state in shards[0]["state"].items():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            if key not in shards[0]["sharded_keys"].get(index, ()):
+                full[(index, key)] = value  # replicated (Adam's step)
+                continue
+            cuts = [(s["offsets"][index][key], s["state"][index][key]) for s in shards]
+            rows = cuts[0][0][2]
+            pieces = sorted(((offset, part) for (offset, length, _), part in cuts if length),
+                            key=lambda piece: piece[0])
+            assert [offset for offset, _ in pieces] == list(
+                itertools.accumulate([0] + [len(p) for _, p in pieces[:-1]])), (index, key)
+            full[(index, key)] = torch.cat([part for _, part in pieces])
+            assert len(full[(index, key)]) == rows, (index, key)
+    return full
+
+
 def _relative_differences(a: Path, b: Path) -> dict[str, float]:
-    """‖a − b‖ / ‖a‖ of every model and EMA tensor of two checkpoints (sharded ones
-    consolidated), and of every Adam state tensor of unsharded ones."""
+    """‖a − b‖ / ‖a‖ of every model and EMA tensor of two checkpoints, and of every Adam
+    state tensor (sharded checkpoints consolidated, the optimizer's state too)."""
     data_a, data_b = read_checkpoint(a), read_checkpoint(b)
     pairs = {}
     for ema in (False, True):
         full_a, full_b = checkpoint_model(a, data_a, ema=ema), checkpoint_model(b, data_b, ema=ema)
         pairs.update({f"{'ema' if ema else 'model'}.{k}": (v, full_b[k])
                       for k, v in full_a.items() if v.is_floating_point()})
-    if "learner" in data_a["payload"] and "optimizer" in data_a["payload"]["learner"]:
-        state_a = data_a["payload"]["learner"]["optimizer"]["state"]
-        state_b = data_b["payload"]["learner"]["optimizer"]["state"]
-        for index, state in state_a.items():
-            for key, value in state.items():
-                if isinstance(value, torch.Tensor) and value.numel() > 1:
-                    pairs[f"optimizer.{index}.{key}"] = (value, state_b[index][key])
+    state_a, state_b = _optimizer_state(a, data_a), _optimizer_state(b, data_b)
+    assert sorted(state_a) == sorted(state_b) and len(state_a) >= 8, (state_a, state_b)
+    for (index, key), value in state_a.items():
+        if value.numel() > 1:
+            pairs[f"optimizer.{index}.{key}"] = (value, state_b[(index, key)])
+        else:  # Adam's step count: the same number of steps taken
+            assert torch.equal(value, state_b[(index, key)]), (index, key)
     return {name: float((x - y).norm() / x.norm().clamp_min(1e-30))
             for name, (x, y) in pairs.items()}
 
@@ -82,22 +114,33 @@ def _report(differences: dict[str, float]) -> None:
           f"{len(differences)} tensors)")
 
 
+class _Uninterrupted(dict):
+    """The runs never interrupted, each trained when a test first asks for it (so that CI's
+    fresh-worker pass, which picks a few of these tests, trains only the runs they use):
+    {world size: run directory} with replacement, {"epochs": ...} of two ranks in epochs
+    (200 examples: 6 updates of 32 an epoch), and {"fsdp<world size>": ...} sharded."""
+
+    KINDS = {2: (2, {}), 1: (1, {}), "epochs": (2, {"trainer.sampling": "epochs"}),
+             "fsdp2": (2, FSDP), "fsdp1": (1, FSDP)}
+
+    def __init__(self, base: Path) -> None:
+        super().__init__()
+        self.base = base
+
+    def __missing__(self, key: object) -> Path:
+        ranks, changes = self.KINDS[key]
+        run, records = self.base / f"ref{key}", self.base / f"ref{key}_records"
+        records.mkdir()
+        recipe = data_recipe(self.base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
+        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
+        self[key] = run
+        return run
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path]:
-    """The runs never interrupted: {world size: run directory} with replacement,
-    {"epochs": ...} of two ranks in epochs (200 examples: 6 updates of 32 an epoch), and
-    {"fsdp<world size>": ...} sharded."""
-    base = tmp_path_factory.mktemp("elastic")
-    runs: dict[object, Path] = {}
-    for key, ranks, changes in ((2, 2, {}), (1, 1, {}),
-                                ("epochs", 2, {"trainer.sampling": "epochs"}),
-                                ("fsdp2", 2, FSDP), ("fsdp1", 1, FSDP)):
-        run, records = base / f"ref{key}", base / f"ref{key}_records"
-        records.mkdir()
-        recipe = data_recipe(base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
-        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
-        runs[key] = run
-    return runs
+    """The runs never interrupted (`_Uninterrupted`), shared by the tests of this module."""
+    return _Uninterrupted(tmp_path_factory.mktemp("elastic"))
 
 
 @pytest.mark.slow

@@ -44,15 +44,18 @@ cluster may need `^NVLS`, say) and is kept, with a note saying that the order of
 then as fixed as that choice makes it.
 
 `trainer.deterministic: false` sets nothing: torch's defaults, or the program's own
-settings, apply. On CPU the flags change nothing measurable: torch's CPU kernels already sum
-in a fixed order (the few without a deterministic implementation, such as max_unpool, are
-refused as on CUDA), gloo too, and nothing reads the variables.
+settings, apply. The settings last as long as the run: when `fit()` returns (or fails), a
+program's process has its own flags and variables back (`applied`). On CPU the flags change
+nothing measurable: torch's CPU kernels already sum in a fixed order (the few without a
+deterministic implementation, such as max_unpool, are refused as on CUDA), gloo too, and
+nothing reads the variables.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 
 import torch
 
@@ -91,6 +94,27 @@ def set_environment(deterministic: bool,
             notes.append(f"{KEY}: keeping {name}={env[name]} from the environment (unset, it "
                          f"would be {value}); results repeat as far as that setting does")
     return notes
+
+
+@contextlib.contextmanager
+def applied(deterministic: bool) -> Iterator[list[str]]:
+    """`apply` for the length of a block (a run); afterwards torch's flags and the variables
+    are as they were, so a program that goes on after `fit()` is not left deterministic.
+    Yields the notes of `set_environment`."""
+    flags = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    variables = {name: os.environ.get(name) for name in ENVIRONMENT}
+    try:
+        yield apply(deterministic)
+    finally:
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2:]
+        for name, value in variables.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def apply(deterministic: bool) -> list[str]:

@@ -91,17 +91,66 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
             else:
                 dist.init_process_group("gloo", store=store, rank=group_rank, world_size=size)
         owns_group = True
+        _word_between_ranks(store)
     elif resolved.type == "cuda":
         torch.cuda.set_device(resolved)
     try:
         yield resolved
     finally:
         if owns_group:
+            _word_between_ranks(None)
             # Objects that hold the group (DDP reducers) must go before the group does:
             # torch aborts at exit ("terminate called without an active exception") when a
             # DistributedDataParallel outlives its process group.
             gc.collect()
             dist.destroy_process_group()
+
+
+# The group's store, where a failing rank leaves its message for the others (no collective):
+# a key of its own per group this process made, so a later group reads no stale word.
+_WORD: dict[str, Any] = {"store": None, "groups": 0}
+
+
+def _word_between_ranks(store: dist.Store | None) -> None:
+    if store is not None:
+        _WORD["groups"] += 1
+    _WORD["store"] = store
+
+
+def _failure_key(rank: int) -> str:
+    return f"embodichain/group_{_WORD['groups']}/failure/rank_{rank}"
+
+
+def leave_failure(message: str) -> None:
+    """Leave this rank's failure where every rank can read it without a collective (the
+    group's store), before this rank stops: a peer that then loses its connection to it
+    reports this message, the cause, instead of its lost connection (R-STRAT-2). A no-op
+    in one process or in a group that a program made itself."""
+    store = _WORD["store"]
+    if store is None:
+        return
+    with contextlib.suppress(Exception):  # the launcher's store gone: nothing to tell
+        store.set(_failure_key(rank()), message)
+
+
+def failure_left_by_peers(wait_s: float = 0.0) -> str | None:
+    """The failure another rank left with `leave_failure` (the lowest such rank's), waiting
+    up to `wait_s` for one; None when none did. A rank leaves its word before it stops, so
+    a peer that sees the connection to it close finds the word already there."""
+    store = _WORD["store"]
+    if store is None:
+        return None
+    deadline = time.monotonic() + wait_s
+    peers = [_failure_key(r) for r in range(world_size()) if r != rank()]
+    with contextlib.suppress(Exception):
+        while True:
+            for key in peers:
+                if store.check([key]):
+                    return store.get(key).decode(errors="replace")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+    return None
 
 
 def _import_what_would_hold_the_group() -> None:

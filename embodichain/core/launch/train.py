@@ -53,8 +53,8 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     configure_logging(process_group.env_rank())
     check_loggers(recipe.config.trainer.loggers)  # a missing extra: refused before anything
     # First: cuBLAS and NCCL read their variables once, when CUDA work or the group starts.
-    determinism.apply(recipe.config.trainer.deterministic)
-    with StopRequest() as stop, process_group.distributed_run(recipe.config.device) as device:
+    with determinism.applied(recipe.config.trainer.deterministic), StopRequest() as stop, \
+            process_group.distributed_run(recipe.config.device) as device:
         trainer = build_trainer(recipe, device, start=start, init_from=init_from)
         return trainer.fit(show_progress=show_progress, stop=stop)
 
@@ -133,12 +133,13 @@ class RunOpener:
         if not log.handlers:  # a program that calls fit() itself: train-sl's logging
             configure_logging(process_group.env_rank())
         check_loggers(config.trainer.loggers)
-        # Again for a program's own distributed_run + fit() (train() has set it already).
-        for note in determinism.apply(config.trainer.deterministic):
-            if process_group.is_rank_zero():
-                log.info("%s", note)
         lock = RunLock(Path(config.trainer.output_dir))
         with contextlib.ExitStack() as scope:
+            # Again for a program's own distributed_run + fit() (train() has set it
+            # already); undone when the fit ends, for a program that goes on (R-DET-1).
+            for note in scope.enter_context(determinism.applied(config.trainer.deterministic)):
+                if process_group.is_rank_zero():
+                    log.info("%s", note)
             if stop is None:  # a program's own fit(): signals stop it as they stop train-sl
                 stop = scope.enter_context(StopRequest())
             scope.callback(lock.release)

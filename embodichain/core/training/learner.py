@@ -140,16 +140,22 @@ class Learner:
 
     def update(self, objective: Objective, batches: Batch | Sequence[Batch], *,
                stop: float = 0.0, rank_zero_note: float = 0.0,
-               data_wait: float = 0.0, part_counts: Sequence[float] = ()) -> UpdateResult:
+               data_wait: float | Callable[[], float] = 0.0,
+               part_counts: Sequence[float] = ()) -> UpdateResult:
         """One optimizer update over one batch or a sequence of micro-batches.
 
         `stop` (this rank's stop flag), `rank_zero_note` (rank 0's note to every rank: a
         time-based save is due, a background save failed) and `data_wait` (this rank's
-        seconds waiting for the batches) ride the update's all-reduce: the first two come
-        back summed over ranks, the waits one per rank; `part_counts` (a mixture's examples
-        of each part in this rank's batches, the same length on every rank) summed.
+        seconds waiting for the batches; a callable is read once the last micro-batch is
+        loaded, so that loads inside the update count) ride the update's all-reduce: the
+        first two come back summed over ranks, the waits one per rank; `part_counts` (a
+        mixture's examples of each part in this rank's batches, the same length on every
+        rank) summed.
         """
-        flags = self._flags((stop, rank_zero_note), data_wait, part_counts)
+        def flags() -> torch.Tensor:
+            wait = data_wait() if callable(data_wait) else data_wait
+            return self._flags((stop, rank_zero_note), wait, part_counts)
+
         totals = self.strategy.accumulate(
             self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
             self._local_statistics, flags, self.scaler)

@@ -14,6 +14,7 @@ from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.names import LAST, step_filename
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.checkpoint.writer import SAVE_DUE, SAVE_FAILED
+from embodichain.core.data.micro_batches import TimedLoads
 from embodichain.core.data.mixture import part_counts, part_metrics
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
@@ -209,15 +210,18 @@ class SupervisedTrainer:
 
     def _update(self, stop: StopRequest | None) -> UpdateResult:
         """One update on every rank; the stop flags, rank 0's note and each rank's wait for
-        its data ride its all-reduce."""
+        its data ride its all-reduce. The wait counts the update's loading wherever it
+        happens: before the update, and each micro-batch read as the learner reaches it
+        (under G one micro-batch is loaded at a time, inside the update)."""
         with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
-            batches = self.loader.next_update()
+            batches = TimedLoads(self.loader.next_update())
+            before = time.perf_counter() - started
             return self.learner.update(self.objective, batches,
                                        stop=stop.flag if stop is not None else 0.0,
                                        rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=time.perf_counter() - started,
+                                       data_wait=lambda: before + batches.seconds,
                                        part_counts=counts)
 
     @property
@@ -271,6 +275,23 @@ class SupervisedTrainer:
         rank 0 records, and its callbacks may `save()` (written as validation ends)."""
         if self.evaluate is None and self.closed_loop is None:
             return
+        try:
+            failure = self._validate_here(progress)
+            # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging
+            # it. Every rank takes rank 0's standing on the best metric: all agree on an
+            # early stop.
+            outcome = process_group.raise_if_rank_zero_failed(
+                failure, f"validation failed on rank 0 at update {self.step}",
+                f"rank 0 at update {self.step}", best_tracker=self.tracker.state_dict())
+        except RuntimeError as exc:  # a peer gone: its own validation failure, if it left one
+            cause = process_group.failure_left_by_peers()
+            if cause is None:
+                raise
+            raise ValidationFailed(cause) from exc
+        self.tracker.load_state_dict(outcome["best_tracker"])
+
+    def _validate_here(self, progress: ProgressReporter) -> str | None:
+        """This rank's part of a validation; rank 0's failure (None: none), for the others."""
         failure = None
         with self.checkpoints.validating(self):
             # The closed loop first, on every rank (collective; a failure stops its rank).
@@ -295,12 +316,7 @@ class SupervisedTrainer:
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 log.exception("validation failed at update %d", self.step)
-        # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging it.
-        # Every rank takes rank 0's standing on the best metric: all agree on an early stop.
-        outcome = process_group.raise_if_rank_zero_failed(
-            failure, f"validation failed on rank 0 at update {self.step}",
-            f"rank 0 at update {self.step}", best_tracker=self.tracker.state_dict())
-        self.tracker.load_state_dict(outcome["best_tracker"])
+        return failure
 
     def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
                          ) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from embodichain.core.data.samplers import EpochSampler
+from embodichain.core.data.samplers import EpochSampler, epoch_permutation
 from tests.support import assert_ok, run_torchrun
 from tests.support.data import data_env, data_recipe
 from tests.support.state_compare import assert_training_state_equal, comparable_records
@@ -26,6 +26,26 @@ def test_each_epoch_deals_every_example_once_across_the_ranks() -> None:
         epochs.append(seen)
     assert not torch.equal(epochs[0], epochs[1])
     assert ranks[0].epoch == 2 and ranks[1].batches_drawn == 45
+
+
+def test_an_epoch_is_its_permutation_dealt_in_turn_to_the_ranks() -> None:
+    """Against the permutation itself: batch b of rank r is `epoch_permutation(seed, e)` at
+    `(b * world + r) * batch` onwards, and with a corpus that is a whole number of global
+    batches (960 = 15 x 2 x 32) each epoch trains every example exactly once. Catches a
+    slice shifted by one (the permutation's first example never trained, the epoch's last
+    batch one short), which distinct-slices checks alone let through."""
+    size, batch, world = 960, 32, 2
+    ranks = [EpochSampler(size, batch, 3, r, world) for r in range(world)]
+    for epoch in range(2):
+        permutation = epoch_permutation(3, epoch, size)
+        trained = []
+        for b in range(15):
+            for r, sampler in enumerate(ranks):
+                start = (b * world + r) * batch
+                drawn = sampler.next_indices()
+                assert torch.equal(drawn, permutation[start:start + batch]), (epoch, b, r)
+                trained += drawn.tolist()
+        assert sorted(trained) == list(range(size)), epoch
 
 
 @pytest.mark.slow

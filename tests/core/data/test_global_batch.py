@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.data.samplers import epoch_permutation
 from tests.support import assert_ok, run_cli, run_torchrun
 from tests.support.data import data_env, data_recipe
 from tests.support.state_compare import assert_training_state_equal, comparable_records
@@ -83,6 +84,13 @@ def test_one_and_two_ranks_train_every_update_on_the_same_examples(tmp_path: Pat
     if sampling == "epochs":  # every example at most once per epoch
         first = [i for u in range(1, 7) for i in expected[u]["index"]]
         assert len(first) == len(set(first)) == 96
+        # ... and what was trained is the epoch's permutation itself, G at a time (6 updates
+        # an epoch): not merely the same on both world sizes (a slice shifted by one is).
+        seed = json.loads((one / "run.json").read_text())["config"]["seed"]
+        for u in range(1, 11):
+            epoch, b = divmod(u - 1, 6)
+            assert expected[u]["index"] == \
+                epoch_permutation(seed, epoch, 100)[b * 16:(b + 1) * 16].tolist(), u
     a, b = _model(one), _model(two)
     for name in a:
         assert ((a[name] - b[name]).norm() / a[name].norm()).item() <= 1e-6, name
@@ -142,6 +150,52 @@ def test_the_global_order_is_the_same_on_every_world_size(sampling: str) -> None
     later = global_sampler(sampling, 60, 24, 5, 1, 2)
     later.load_state_dict({"kind": "global", "batches_drawn": 5})
     assert torch.equal(later.next_indices(), one[5][12:])
+
+
+@pytest.mark.parametrize("corpus", [60, 70])
+def test_an_epoch_under_g_is_its_permutation_cut_into_slices_of_g(corpus: int) -> None:
+    """Compared with the permutation itself, not one world size with another (which share
+    any bug of the draw): on 1, 2 and 4 ranks, update u's slices put together are
+    `epoch_permutation(seed, e)[b*G:(b+1)*G]` (e, b = divmod(u, N // G)), over three epochs;
+    with N = 60 a multiple of G = 12 each epoch trains every example exactly once (with
+    N = 70 the 10 left over are dropped). Catches a slice shifted by one
+    (`[b*G+1:(b+1)*G+1]`: the permutation's first example never trained and, when N % G == 0,
+    the epoch's last slice one short), a slice that restarts the epoch, and slices that
+    overlap."""
+    from embodichain.core.data.global_order import global_sampler
+
+    g, seed = 12, 5
+    per_epoch = corpus // g
+    for size in (1, 2, 4):
+        ranks = [global_sampler("epochs", corpus, g, seed, r, size) for r in range(size)]
+        for epoch in range(3):
+            permutation = epoch_permutation(seed, epoch, corpus)
+            trained = []
+            for b in range(per_epoch):
+                update = torch.cat([s.next_indices() for s in ranks])
+                assert torch.equal(update, permutation[b * g:(b + 1) * g]), (size, epoch, b)
+                trained += update.tolist()
+            if corpus % g == 0:
+                assert sorted(trained) == list(range(corpus)), (size, epoch)
+            else:
+                assert sorted(trained) == sorted(permutation[:per_epoch * g].tolist())
+
+
+def test_a_mixture_epoch_under_g_is_its_weighted_order_cut_into_slices_of_g() -> None:
+    """The weighted epoch of a mixture under G, against the epoch's order itself
+    (`Parts.epoch_order`), on 1 and 2 ranks over two epochs, 48 examples in slices of 12.
+    Catches the same slice shifted by one in the mixture's draw (WeightedEpochDraw)."""
+    from embodichain.core.data.mixture import Parts, mixture_global_sampler
+
+    parts = Parts(("a", "b"), (30, 18), (3.0, 1.0))
+    for size in (1, 2):
+        ranks = [mixture_global_sampler(parts, "epochs", 12, 9, r, size) for r in range(size)]
+        for epoch in range(2):
+            order = parts.epoch_order(9, epoch)
+            assert len(order) == 48
+            for b in range(4):
+                update = torch.cat([s.next_indices() for s in ranks])
+                assert torch.equal(update, order[b * 12:(b + 1) * 12]), (size, epoch, b)
 
 
 def test_a_dataset_source_is_loaded_one_micro_batch_at_a_time() -> None:

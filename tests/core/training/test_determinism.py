@@ -15,7 +15,14 @@ import torch
 
 from embodichain.core.distributed.determinism import set_environment
 from embodichain.core.errors import UsageError
-from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
+from tests.support import (
+    FACTORIES,
+    assert_ok,
+    factories_env,
+    run_cli,
+    run_torchrun,
+    write_recipe,
+)
 from tests.support.cli import cli_in_process
 from tests.support.state_compare import assert_same_outcome
 
@@ -57,10 +64,12 @@ def test_the_key_validates_and_changes_nothing_in_validate_config(tmp_path: Path
 
 
 def test_the_environment_is_set_where_unset_and_a_user_value_is_kept_or_refused() -> None:
-    """Unset variables get the deterministic values; a user's NCCL_ALGO and a deterministic
-    cuBLAS workspace are kept, each with a note; any other workspace is refused naming the
-    variable and value; `false` touches nothing. Catches a user value overwritten silently,
-    a non-deterministic workspace accepted, and settings applied when the key is false."""
+    """Unset variables get the deterministic values, and so do variables set but empty; a
+    user's NCCL_ALGO and a deterministic cuBLAS workspace are kept, each with a note; any
+    other workspace is refused naming the variable and value; `false` touches nothing.
+    Catches a user value overwritten silently, an empty CUBLAS_WORKSPACE_CONFIG kept empty
+    (`if name not in env`) or refused as non-deterministic, a non-deterministic workspace
+    accepted, and settings applied when the key is false."""
     env: dict[str, str] = {}
     assert set_environment(True, env) == []
     assert env == APPLIED["env"]
@@ -70,6 +79,10 @@ def test_the_environment_is_set_where_unset_and_a_user_value_is_kept_or_refused(
     assert env == {"CUBLAS_WORKSPACE_CONFIG": ":16:8", "NCCL_ALGO": "^NVLS", "OTHER": "x"}
     assert len(notes) == 2 and "NCCL_ALGO=^NVLS" in notes[1] and KEY in notes[1]
 
+    # Set but empty is unset (torch would raise at the first cuBLAS call on CUDA)
+    env = {"CUBLAS_WORKSPACE_CONFIG": "", "NCCL_ALGO": ""}
+    assert set_environment(True, env) == [] and env == APPLIED["env"]
+
     with pytest.raises(UsageError, match=r"CUBLAS_WORKSPACE_CONFIG=:0:0.*:4096:8 or :16:8"):
         set_environment(True, {"CUBLAS_WORKSPACE_CONFIG": ":0:0"})
     env = {}
@@ -78,14 +91,15 @@ def test_the_environment_is_set_where_unset_and_a_user_value_is_kept_or_refused(
 
 def test_a_deterministic_run_on_cpu_is_the_default_run_bitwise(sl_ddp_one_process: Path,
                                                                 tmp_path: Path) -> None:
-    """One process with the key on: its build sees torch's deterministic flags and both
-    variables, and the whole outcome (every snapshot, the metrics) is bitwise the shared
-    run without the key. Catches the settings not applied in the training process, and the
-    variables set only for CUDA devices."""
+    """One process with the key on, launched with CUBLAS_WORKSPACE_CONFIG set but empty: its
+    build sees torch's deterministic flags and both variables (the empty one replaced), and
+    the whole outcome (every snapshot, the metrics) is bitwise the shared run without the
+    key. Catches the settings not applied in the training process, the variables set only
+    for CUDA devices, and an empty variable kept empty."""
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
                           factory="recording:build_supervised_trainer")
     assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress", *SET_ON,
-                      env=clean_env(tmp_path)))
+                      env=clean_env(tmp_path, CUBLAS_WORKSPACE_CONFIG="")))
     seen = records(tmp_path)
     assert [{k: v for k, v in r.items() if k != "self_launched"}
             for r in seen.values()] == [APPLIED]
@@ -171,3 +185,54 @@ def test_a_resume_may_turn_it_on_and_records_it(resumed_at_100: Path, tmp_path: 
     assert json.loads((reference / "run.json").read_text())["events"][-1]["deterministic"] \
         is False
     assert_same_outcome(run, reference, events=[("resumed", 100)])
+
+
+def test_a_programs_process_gets_its_own_settings_back_after_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Programmatic use, in this process: with the key on, the fit runs deterministic (its
+    objective sees torch's flag, the factory of `train()` both variables), and when `fit()`
+    or `train()` returns, torch's flags, cuDNN's and the environment are the program's again
+    (NCCL_ALGO its own value, CUBLAS_WORKSPACE_CONFIG unset). Catches settings left on for
+    the rest of the process (every later computation refused or slowed by deterministic
+    kernels), and a restore that drops the program's own variable."""
+    from embodichain.learning.sl import build_trainer, distributed_run, load_recipe, train
+    from embodichain.plugins.sl_ddp import masked_mse
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    monkeypatch.setenv("RECORD_DIR", str(tmp_path))
+    monkeypatch.syspath_prepend(str(FACTORIES))
+    before = {"flags": (torch.are_deterministic_algorithms_enabled(),
+                        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark),
+              "env": {name: os.environ.get(name) for name in VARIABLES}}
+    assert before == {"flags": (False, False, False),
+                      "env": {"CUBLAS_WORKSPACE_CONFIG": None, "NCCL_ALGO": "Tree"}}
+
+    def now() -> dict:
+        return {"flags": (torch.are_deterministic_algorithms_enabled(),
+                          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark),
+                "env": {name: os.environ.get(name) for name in VARIABLES}}
+
+    short = ["trainer.max_updates=2", "trainer.save_every=0", "trainer.validate_every=0",
+             f"{KEY}=true"]
+    seen: list[bool] = []
+
+    def objective(model, batch):
+        seen.append(torch.are_deterministic_algorithms_enabled())
+        return masked_mse(model, batch)
+
+    recipe = load_recipe(write_recipe(tmp_path / "a.yaml", tmp_path / "a"), short)
+    with distributed_run(recipe.config.device) as device:
+        trainer = build_trainer(recipe, device)
+        trainer.objective = objective
+        trainer.fit(show_progress=False)
+    assert seen == [True, True]
+    assert now() == before
+
+    recipe = load_recipe(write_recipe(tmp_path / "b.yaml", tmp_path / "b",
+                                      factory="recording:build_supervised_trainer"), short)
+    train(recipe, show_progress=False)
+    assert records(tmp_path)["rank0"]["env"] == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+                                                 "NCCL_ALGO": "Tree"}
+    assert records(tmp_path)["rank0"]["deterministic_algorithms"] is True
+    assert now() == before

@@ -214,8 +214,9 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
     """Under fsdp every rank runs `evaluate`; rank 1's fails. Every rank exits non-zero
     within 30 s and torchrun's report carries rank 1's message naming its rank and error.
     Catches: the failure swallowed on rank 1 (it then computed no metrics and rank 0 went
-    on, or waited in a collective for a rank that gave up), or a failing rank that enters
-    another collective instead of stopping."""
+    on, or waited in a collective for a rank that gave up), a failing rank that enters
+    another collective instead of stopping, and rank 0's lost connection recorded in
+    run.json as the run's failure instead of rank 1's message."""
     import time
 
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
@@ -233,3 +234,47 @@ def test_a_validation_failure_on_rank_one_stops_every_rank_naming_it(tmp_path: P
     assert "Root Cause" in proc.stderr and "exitcode  : 1" in proc.stderr
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert max(r["step"] for r in records) == 10  # nothing trained after the failure
+    # rank 0, waiting for rank 1 in the collective after validation, records rank 1's words
+    events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 1 and ("validation failed on rank 1 at update 10: ValueError"
+                                 in failed[0]["error"]), events
+
+
+@pytest.mark.slow  # a 2-worker run to update 10: kept out of the quick loop
+def test_a_validation_failure_before_the_forward_is_what_the_run_records(tmp_path: Path
+                                                                          ) -> None:
+    """Under fsdp rank 1's `evaluate` fails before its forward, so rank 0 is inside the
+    forward's all-gather waiting for it (R-STRAT-2). Every rank has ended within 30 s of the
+    failure (torchrun's report dates each worker's end), and the failing rank's own message
+    (not rank 0's lost connection) is what run.json's `failed` event and `embodichain runs`
+    show. Catches a failing rank that
+    enters another collective instead of stopping (a hang until the timeout) and rank 0's
+    "validation failed on rank 0: ... Connection closed by peer" recorded as the run's
+    failure, hiding the cause."""
+    import re
+    from datetime import datetime
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{**RUN, "factory": "failing_validation:before_forward_on_rank_one",
+                             "trainer.strategy": "fsdp", "trainer.max_updates": 30,
+                             "trainer.validate_every": 10})
+    failed_at = tmp_path / "failed_at"
+    proc = run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                        env={**env(), "FAILED_AT_FILE": str(failed_at)}, timeout=120)
+    assert proc.returncode != 0, proc.stderr
+    # When each worker ended, as torchrun's report has it (the time its error was recorded,
+    # whole seconds): not the launcher's own exit, which a loaded machine delays.
+    ends = [datetime.strptime(t, "%Y-%m-%d_%H:%M:%S").timestamp()
+            for t in re.findall(r"time\s+: (\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d)", proc.stderr)]
+    assert len(ends) == 2, proc.stderr[-3000:]
+    assert max(ends) - float(failed_at.read_text()) < 30, proc.stderr[-3000:]
+    message = ("validation failed on rank 1 at update 10: ValueError: the validation corpus "
+               "of rank 1 is unreadable")
+    assert message in proc.stderr, proc.stderr[-3000:]
+    events = json.loads((tmp_path / "run" / "run.json").read_text())["events"]
+    failed = [e for e in events if e["event"] == "failed"]
+    assert len(failed) == 1 and message in failed[0]["error"], events
+    shown = run_cli("runs", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    assert message in " ".join(shown.stdout.split()), shown.stdout

@@ -96,11 +96,13 @@ class Strategy(ABC):
 
     def accumulate(self, trained: nn.Module, objective: Objective,
                    micro_batches: Sequence[Batch], statistics: Statistics,
-                   flags: torch.Tensor, scaler: torch.amp.GradScaler) -> list[float]:
+                   flags: Callable[[], torch.Tensor], scaler: torch.amp.GradScaler
+                   ) -> list[float]:
         """Forward and backward of each micro-batch (R-LOOP-1); the global totals
         `[w, w*loss, w*metric..., stop, note]`, summed over every rank and micro-batch, with
         the gradients divided by the global weight. One gradient reduction per update: only
-        the last backward reduces, with the summed statistics and `flags` alongside."""
+        the last backward reduces, with the summed statistics and `flags()` alongside (read
+        once the last micro-batch is loaded: its data wait counts every load)."""
         count = len(micro_batches)
         summed = totals = None
         for k in range(count):
@@ -110,7 +112,7 @@ class Strategy(ABC):
                 local = statistics(result)
                 summed = local if summed is None else summed + local
                 if last:
-                    totals = torch.cat([summed, flags])
+                    totals = torch.cat([summed, flags()])
                     self.before_last_backward(totals)
                 scaler.scale(result.loss.float() * local[0]).backward()
         assert totals is not None

@@ -54,6 +54,11 @@ from embodichain.core.errors import CheckpointError
 from embodichain.core.training.sharded_ema import ShardedEma
 from embodichain.core.training.strategies.base import Snapshot, Strategy, Trained, ValidationFailed
 
+# How long a rank whose validation failed looks for a peer's word first. A peer that failed
+# before it left its word before it stopped, so it is there at once; this only covers the
+# store's round trip on a loaded machine.
+PEER_WORD_S = 1.0
+
 
 class FsdpStrategy(Strategy):
     """FSDP2 over every rank (a one-rank group of its own in a single process)."""
@@ -188,12 +193,19 @@ class FsdpStrategy(Strategy):
                  ) -> dict[str, float] | None:
         """Every rank runs `evaluate` (its forward is collective). A rank whose evaluate
         fails stops at once, naming itself: waiting in another collective could hang it
-        behind a peer still inside the forward's all-gather."""
+        behind a peer still inside the forward's all-gather. It first leaves its message in
+        the group's store; a peer whose forward then loses the connection to it stops with
+        that message (the cause), not with its own lost connection: so rank 0 records the
+        failing rank's words in run.json (R-STRAT-2)."""
         try:
             metrics = evaluate()
         except Exception as exc:
-            raise ValidationFailed(f"validation failed on rank {process_group.rank()} at update "
-                                f"{step}: {type(exc).__name__}: {exc}") from exc
+            cause = process_group.failure_left_by_peers(wait_s=PEER_WORD_S)
+            if cause is None:
+                cause = (f"validation failed on rank {process_group.rank()} at update {step}: "
+                         f"{type(exc).__name__}: {exc}")
+                process_group.leave_failure(cause)
+            raise ValidationFailed(cause) from exc
         return metrics if process_group.is_rank_zero() else None
 
     def release(self) -> None:
