@@ -28,7 +28,7 @@ from embodichain.core.training.param_groups import (
     build_param_groups,
 )
 from embodichain.core.training.precision import Precision
-from embodichain.core.training.strategies import Strategy, make_strategy
+from embodichain.core.training.strategies import SpreadOptions, Strategy, make_strategy
 
 Batch = dict[str, torch.Tensor]
 
@@ -104,12 +104,12 @@ class Learner:
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
-        self.strategy: Strategy = make_strategy(strategy, device, precision)
+        self.strategy: Strategy = make_strategy(
+            strategy, device, precision,
+            SpreadOptions(tuple(shard_blocks), reshard_after_forward))
         load_pending(model)  # train-sl --init-from: before the strategy spreads the model
         self.model = model.to(device).train()  # validation switches back after eval()
-        param_groups = self.strategy.prepare(self.model, param_groups,
-                                             shard_blocks=shard_blocks,
-                                             reshard_after_forward=reshard_after_forward)
+        param_groups = self.strategy.prepare(self.model, param_groups)
         self.optimizer = build_optimizer(
             build_param_groups(self.model, optimizer, param_groups), optimizer)
         self.grad_clip = optimizer.grad_clip

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from embodichain.core.checkpoint.formats import SHARDED
 from embodichain.core.checkpoint.recut import restore_recut
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
@@ -52,22 +53,29 @@ from embodichain.core.checkpoint.sharded_writer import (
 from embodichain.core.distributed import process_group, sharding
 from embodichain.core.errors import CheckpointError
 from embodichain.core.training.sharded_ema import ShardedEma
-from embodichain.core.training.strategies.base import Snapshot, Strategy, Trained, ValidationFailed
+from embodichain.core.training.strategies.base import (
+    Snapshot,
+    SpreadOptions,
+    Strategy,
+    Trained,
+    ValidationFailed,
+)
 
 
 class FsdpStrategy(Strategy):
     """FSDP2 over every rank (a one-rank group of its own in a single process)."""
 
     name = "fsdp"
+    checkpoint_format = SHARDED
 
-    def __init__(self, device: torch.device, precision: str) -> None:
-        super().__init__(device, precision)
+    def __init__(self, device: torch.device, precision: str,
+                 options: SpreadOptions | None = None) -> None:
+        super().__init__(device, precision, options)
         self._model: nn.Module | None = None
         self._owns_group = False
         self._save_group: Any = None
 
-    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None, *,
-                shard_blocks: Sequence[nn.Module], reshard_after_forward: bool
+    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         """Shard `model` in place (its parameters become DTensor shards); the factory's
         parameter groups, which name the old parameters, rebuilt on the new ones."""
@@ -80,9 +88,9 @@ class FsdpStrategy(Strategy):
                 raise ValueError(f"param_groups[{i}] holds a tensor that is not a parameter "
                                  "of the model")
             by_name.append((group, [names[id(p)] for p in params]))
-        sharding.shard_model(model, self.device, blocks=shard_blocks,
+        sharding.shard_model(model, self.device, blocks=self.options.shard_blocks,
                              precision=self.precision,
-                             reshard_after_forward=reshard_after_forward)
+                             reshard_after_forward=self.options.reshard_after_forward)
         self._model = model
         self._save_group = save_group()  # every rank, at the same point
         if param_groups is None:
