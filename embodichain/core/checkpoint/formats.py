@@ -53,6 +53,12 @@ class SingleFile:
         """A part named for a message: its file and where it was written."""
         return f"part {part} of {path}"
 
+    def unreachable(self, data: Mapping[str, Any], path: Path, part: int,
+                    nodes: list[list[Any]]) -> str:
+        """Why no node of this world (`nodes`: host and node rank each) can give part `part`:
+        missing on the node that wrote it, or written on a node outside this world."""
+        return f"{self.describe_part(data, path, part)} is on no node of this world"
+
 
 class Sharded(SingleFile):
     """A manifest and one shard file per old rank (`trainer.strategy: fsdp`)."""
@@ -80,6 +86,17 @@ class Sharded(SingleFile):
         entry = self.parts(data).get(part, {})
         return (f"the shard of rank {part} ({Path(path).parent / entry.get('file', '?')}, "
                 f"written on host {entry.get('host')}, node {entry.get('node', 0)})")
+
+    def unreachable(self, data: Mapping[str, Any], path: Path, part: int,
+                    nodes: list[list[Any]]) -> str:
+        entry = self.parts(data).get(part, {})
+        file, host = Path(path).parent / entry.get("file", "?"), entry.get("host")
+        if [host, entry.get("node", 0)] in [list(n) for n in nodes]:
+            return f"shard of rank {part} is missing: {file} (written on host {host})"
+        shown = ", ".join(f"{h} node {n}" for h, n in nodes)
+        return (f"shard of rank {part} ({file}, written on host {host}, node "
+                f"{entry.get('node', 0)}) is not reachable from any node of this world "
+                f"({shown}): put it at that path on one of them (or on a shared filesystem)")
 
 
 SINGLE_FILE = SingleFile()

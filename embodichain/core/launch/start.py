@@ -243,21 +243,18 @@ def _parts_elsewhere(fmt: CheckpointFormat, path: Path, data: Mapping[str, Any]
     part in the restore (recut_exchange), it lies on some node of this world."""
     missing = fmt.parts_elsewhere(data, path)
     if not missing or not process_group.is_distributed():
-        return [f"{fmt.describe_part(data, path, k)} is missing here and this run has no "
-                "other node to hold it" for k in missing]
+        return [fmt.unreachable(data, path, k, [this_node()]) for k in missing]
     question = _PartsHeld(str(path), data["payload"]["run"], data["payload"]["sharded"])
     process_group.broadcast_from_rank_zero(question)
     held = process_group.gather_to_rank_zero(question.answer(fmt)) or []
-    nodes = sorted({tuple(h["node"]) for h in held})
+    nodes = [list(n) for n in sorted({tuple(h["node"]) for h in held})]
     problems, assigned = [], {}
     for k in missing:
         holders = [r for r, h in enumerate(held) if k in h["seen"]]
         if holders:
             assigned.setdefault(holders[0], []).append(k)
-            continue
-        problems.append(f"{fmt.describe_part(data, path, k)} is on no node of this world "
-                        f"(nodes: {', '.join(f'{h} node {n}' for h, n in nodes)}): put it "
-                        "at that path on one of them (or on a shared filesystem)")
+        else:
+            problems.append(fmt.unreachable(data, path, k, nodes))
     if problems:
         process_group.broadcast_from_rank_zero(_PartsCheck(question, {}))
         process_group.gather_to_rank_zero(None)
