@@ -135,10 +135,10 @@ def test_two_nodes_onto_one_without_the_other_nodes_files_is_refused_by_name(
     proc = run_cli("resume", RUN, "--set", "trainer.max_updates=40", "--no-progress",
                    cwd=node0, env=data_env(RECORD_DIR=str(tmp_path)))
     assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert {name: (run / name).read_bytes() for name in kept} == before
     assert "shard of rank 1 (outputs/run/shards/step_20." in proc.stderr, proc.stderr
     assert ".rank_1.pt, written on host " in proc.stderr and ", node 1)" in proc.stderr
     assert "not reachable from any node of this world" in proc.stderr
-    assert {name: (run / name).read_bytes() for name in kept} == before
 
 
 def test_one_node_onto_two_with_node_b_empty_continues(runs: dict[str, Path],
