@@ -25,9 +25,11 @@ import pytest
 
 from embodichain.core.checkpoint.export import checkpoint_model
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.sharded import read_shard
 from tests.support import assert_ok, run_cli, write_recipe
 from tests.support.data import data_env
 from tests.support.processes import run_python_module
+from tests.support.state_compare import assert_state_equal
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
@@ -104,7 +106,7 @@ def _assert_within_bound(reference: Path, continued: Path) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The run never interrupted (one process, to update 40, step_20.pt kept) and the run
-    trained to update 20 on two nodes of one rank each (each node holds its own shard)."""
+    trained to update 40 on two nodes of one rank each (each node holds its own shards)."""
     root = tmp_path_factory.mktemp("placement")
     reference, records = root / "reference", root / "reference_records"
     records.mkdir()
@@ -113,12 +115,21 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                       env=data_env(RECORD_DIR=str(records))))
     cwds = _cwds(root / "two_nodes")
     (root / "two_records").mkdir()
-    for proc in _nodes(cwds, [1, 1], "train-sl", "--config", "r.yaml", "--set",
-                       "trainer.max_updates=20", records=root / "two_records"):
+    for proc in _nodes(cwds, [1, 1], "train-sl", "--config", "r.yaml",
+                       records=root / "two_records"):
         assert_ok(proc)
     assert {p.name.split(".")[-2] for p in (cwds[1] / RUN / "shards").iterdir()} == \
         {"rank_1"}  # node 1 holds only rank 1's shards
     return {"reference": reference, "records": records, "two_nodes": root / "two_nodes"}
+
+
+def _at_update_20(runs: dict[str, Path], root: Path) -> list[Path]:
+    """A copy of the two nodes' directories whose run stopped after update 20's snapshot:
+    update 40's manifests removed (its metrics stay, to be rolled back)."""
+    shutil.copytree(runs["two_nodes"], root)
+    for name in ("step_40.pt", "last.pt"):
+        (root / "node0" / RUN / name).unlink()
+    return [root / "node0", root / "node1"]
 
 
 def test_two_nodes_onto_one_without_the_other_nodes_files_is_refused_by_name(
@@ -127,8 +138,8 @@ def test_two_nodes_onto_one_without_the_other_nodes_files_is_refused_by_name(
     shards of ranks at or beyond the new world size (old rank 1 here): run.json then got the
     roll-back, the `resumed` event and `world_size_changes`, and only the restore refused;
     and a refusal that does not name the shard's file and the node that wrote it."""
-    node0 = tmp_path / "node0"
-    shutil.copytree(runs["two_nodes"] / "node0", node0)
+    node0 = _at_update_20(runs, tmp_path / "nodes")[0]
+    shutil.rmtree(tmp_path / "nodes" / "node1")
     run = node0 / RUN
     kept = ("run.json", "metrics.jsonl", ".lock")
     before = {name: (run / name).read_bytes() for name in kept}
@@ -168,9 +179,7 @@ def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, 
     that assumes old shard r sits with new rank r: it asked new rank 1 (on node A) for old
     shard 1 and refused it as missing, though node B holds it; the re-cut then reads it on
     node B and sends rows to node A's ranks."""
-    root = tmp_path / "nodes"
-    shutil.copytree(runs["two_nodes"], root)
-    cwds = [root / "node0", root / "node1"]
+    cwds = _at_update_20(runs, tmp_path / "nodes")
     records = tmp_path / "records"
     records.mkdir()
     for proc in _nodes(cwds, [2, 2], "resume", RUN, "--set", "trainer.max_updates=40",
@@ -182,3 +191,34 @@ def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, 
     identity = json.loads((run / "run.json").read_text())
     assert identity["world_size_changes"] == [{"from": 2, "to": 4, "at_update": 20}]
     assert read_checkpoint(run / "last.pt")["manifest"]["world_size"] == 4
+
+
+def test_a_rank_on_an_empty_node_receives_its_own_shard_and_resumes_bitwise(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    """The same world size, node B replaced by an empty machine, its shards gathered on
+    node A. Catches a rank that reads only its own node's copy of its shard (refused as
+    missing though node A holds it), and a shard sent to it that is not exactly its own (the
+    run then differs from the uninterrupted one, which it equals bitwise)."""
+    cwds = _at_update_20(runs, tmp_path / "nodes")
+    shutil.rmtree(cwds[1] / RUN)
+    _gathered(cwds[0] / RUN, runs["two_nodes"] / "node1" / RUN)
+    records = tmp_path / "records"
+    records.mkdir()
+    for proc in _nodes(cwds, [1, 1], "resume", RUN, records=records):
+        assert_ok(proc)
+    assert _records(records) == _records(runs["records"], after=20)
+    reference = shutil.copytree(runs["two_nodes"] / "node0" / RUN, tmp_path / "reference")
+    _gathered(reference, runs["two_nodes"] / "node1" / RUN)
+    _gathered(cwds[0] / RUN, cwds[1] / RUN)
+    assert assert_state_equal(_shards(reference), _shards(cwds[0] / RUN)) >= 10
+
+
+def _shards(run: Path) -> dict:
+    """last.pt's learner state and every rank's verified shard (all beside it)."""
+    data = read_checkpoint(run / "last.pt")
+    shards = {}
+    for rank in range(int(data["manifest"]["world_size"])):
+        payload = read_shard(run, data, rank)["payload"]
+        payload.pop("run")
+        shards[rank] = payload
+    return {"learner": data["payload"]["learner"], "shards": shards}

@@ -37,6 +37,7 @@ from torch import nn
 
 from embodichain.core.checkpoint.formats import SHARDED
 from embodichain.core.checkpoint.recut import restore_recut
+from embodichain.core.checkpoint.recut_exchange import own_shards
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
     read_shard,
@@ -155,7 +156,8 @@ class FsdpStrategy(Strategy):
         return common
 
     def restore(self, learner: Trained, payload: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Verify every rank's shard (collective), then load this rank's. Saved by another
+        """Verify every rank's shard (collective), then load this rank's (read on its node,
+        or sent whole by a rank of a node that holds it: recut_exchange). Saved by another
         world size (allowed by `check_format`): the old shards are re-cut (recut.py) and
         old rank 0's own state is returned (from which the trainer derives this rank's)."""
         self.check_format(payload)
@@ -166,11 +168,8 @@ class FsdpStrategy(Strategy):
         directory = Path(payload["sharded"][SHARD_DIRECTORY])
         data = {"manifest": {"world_size": int(payload["run"]["world_size"])},
                 "payload": payload}
-        shard, problem = None, None
-        try:
-            shard = read_shard(directory, data, process_group.rank())["payload"]
-        except CheckpointError as exc:
-            problem = str(exc)
+        shard, problem = own_shards(shard_table(data), directory,
+                                    lambda k: read_shard(directory, data, k)["payload"])
         everyone = process_group.broadcast_from_rank_zero(
             process_group.gather_to_rank_zero(problem))
         problems = [p for p in everyone if p is not None]
