@@ -73,7 +73,7 @@ def test_a_renamed_module_is_refused_before_anything_is_written(trained: dict[in
     assert "missing from the checkpoint (2): action_head.bias, action_head.weight" in output
     assert "unexpected (in the checkpoint, not in the model) (2): head.bias, head.weight" \
         in output
-    assert "renaming 0.1 (now 0.2)" in output, output
+    assert "renaming 0.1 (now 0.2)" in output and "step_4.pt" in output, output
     assert "Nothing was changed" in output
     assert ("Traceback" not in output) if ranks == 1 else \
         output.count("error: cannot resume from") == 1  # rank 0 says it, once

@@ -26,8 +26,9 @@ import torch
 
 import embodichain
 from embodichain.core.checkpoint.formats import CheckpointFormat, this_node
+from embodichain.core.checkpoint.tensor_names import TensorMismatch
 from embodichain.core.distributed import process_group
-from embodichain.core.errors import RefusedError, TrainingError, UsageError
+from embodichain.core.errors import EmbodichainError, RefusedError, TrainingError, UsageError
 from embodichain.core.recipe.loading import Recipe
 from embodichain.core.recipe.schema import config_sha256
 from embodichain.core.runs.resume_policy import Prepared, RunComplete, Start, prepare
@@ -111,8 +112,9 @@ def _agree_loaded(trainer: SupervisedTrainer, outcome: StartOutcome,
         try:
             trainer.restore_from_rank_zero(payload)
         except Exception as exc:  # every rank reaches the gather: none waits alone
-            problem = f"{type(exc).__name__}: {exc}" if not isinstance(
-                exc, (RefusedError, TrainingError, UsageError)) else str(exc)
+            problem = (isinstance(exc, TensorMismatch),
+                       str(exc) if isinstance(exc, EmbodichainError)
+                       else f"{type(exc).__name__}: {exc}")
     problems = process_group.gather_to_rank_zero(problem)
     if not process_group.is_rank_zero():
         return process_group.broadcast_from_rank_zero(None)
@@ -137,23 +139,27 @@ def _agree_loaded(trainer: SupervisedTrainer, outcome: StartOutcome,
     return process_group.broadcast_from_rank_zero(verdict)
 
 
-def _load_refusal(failed: list[tuple[int, str]], prepared: Prepared, recipe: Recipe) -> str:
-    """Why the snapshot could not be loaded: each rank's problem (the same on every rank:
-    said once), and the versions it was written with against this run's."""
-    if len({p for _, p in failed}) == 1:
+def _load_refusal(failed: list[tuple[int, tuple[bool, str]]], prepared: Prepared,
+                  recipe: Recipe) -> str:
+    """Why the snapshot could not be loaded: each rank's problem (said once when every rank
+    has the same), and the versions it was written with against this run's."""
+    messages = {p for _, (_, p) in failed}
+    if len(messages) == 1:
         ranks = ", ".join(str(r) for r, _ in failed)
-        causes = f"{failed[0][1]} (rank{'s' if len(failed) > 1 else ''} {ranks})"
+        causes = f"{failed[0][1][1]} (rank{'s' if len(failed) > 1 else ''} {ranks})"
     else:
-        causes = "; ".join(f"rank {r}: {p}" for r, p in failed)
+        causes = "; ".join(f"rank {r}: {p}" for r, (_, p) in failed)
     saved = (prepared.payload or {}).get("run", {}).get("versions") or {}
     now = prepared.identity.get("versions") or {}
-    checkpoint = prepared.identity.get("resumed_from") or {}
-    where = checkpoint.get("checkpoint") or recipe.config.trainer.output_dir
-    return (f"cannot resume from {where}: its state does not load into this run's "
-            f"model: {causes}. {_versions_compared(saved, now)} Nothing was changed: "
-            "run.json, metrics.jsonl and the checkpoints are as they were. Resume with the "
-            "version that wrote the checkpoint, or start a new run from its weights with "
-            "train-sl --init-from CHECKPOINT.")
+    where = prepared.snapshot or recipe.config.trainer.output_dir
+    unchanged = "Nothing was changed: run.json, metrics.jsonl and the checkpoints are as " \
+        "they were."
+    if any(model for _, (model, _) in failed):  # the code changed under the checkpoint
+        return (f"cannot resume from {where}: its state does not load into this run's "
+                f"model: {causes}. {_versions_compared(saved, now)} {unchanged} Resume with "
+                "the version that wrote the checkpoint, or start a new run from its weights "
+                "with train-sl --init-from CHECKPOINT.")
+    return f"cannot resume from {where}: loading its state failed: {causes}. {unchanged}"
 
 
 def _versions_compared(saved: Mapping[str, str], now: Mapping[str, str]) -> str:

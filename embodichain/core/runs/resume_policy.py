@@ -91,6 +91,7 @@ class Prepared:
     notes: tuple[str, ...] = ()
     claimed: ClaimSite | None = None  # a fresh claim: what the directory held before it
     commit: Commit | None = None
+    snapshot: Path | None = None  # the checkpoint the payload was read from
 
 
 class RunComplete(Exception):
@@ -263,7 +264,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
 
     return Prepared(identity, site.payload(snapshot), continued=True,
                     notes=tuple(_upgrade_notes(snapshot.run.get("config") or {}, identity,
-                                               schema)), commit=commit)
+                                               schema)), commit=commit, snapshot=checkpoint)
 
 
 def _upgrade_notes(saved: Mapping[str, Any], identity: Mapping[str, Any],
@@ -421,4 +422,5 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                  "resumed_from": run_json.get("resumed_from")}
     payload = site.payload(snapshot) if snapshot is not None else None
     return Prepared(continued, payload, continued=True, notes=tuple(notes),
-                    commit=record.commit)
+                    commit=record.commit,
+                    snapshot=snapshot.path if snapshot is not None else None)
