@@ -62,11 +62,12 @@ def recipe(root: Path, name: str, run: Path, data: dict) -> Path:
     return path
 
 
-def run_then_move(root: Path, name: str, data: dict, moved: dict, what: str, to: str
-                  ) -> tuple[Path, Path, str]:
+def run_then_move(root: Path, name: str, data: dict, moved: dict | list[str], what: str,
+                  to: str) -> tuple[Path, Path, str]:
     """Train `name` uninterrupted to 8; copy it at update 4; move the data (`what`, under
-    root, to `to`: the old path is gone) and resume the copy with `moved` (the recipe naming
-    the new paths); move it back. The uninterrupted run, the copy, the resume's output."""
+    root, to `to`: the old path is gone) and resume the copy: `train-sl --resume auto` with
+    the recipe `moved` names the new paths in, or (a list) `resume RUN_DIR` with those
+    arguments; move it back. The uninterrupted run, the copy, the resume's output."""
     reference = root / f"{name}_reference"
     ok(cli("train-sl", "--config", str(recipe(root, name, reference, data)), "--no-progress",
            cwd=root))
@@ -77,7 +78,9 @@ def run_then_move(root: Path, name: str, data: dict, moved: dict, what: str, to:
     (root / to).parent.mkdir(parents=True, exist_ok=True)
     shutil.move(root / what, root / to)
     try:
-        proc = ok(cli("train-sl", "--config", str(recipe(root, f"{name}_moved", run, moved)),
+        proc = ok(cli("resume", str(run), *moved, "--no-progress", cwd=root)
+                  if isinstance(moved, list) else
+                  cli("train-sl", "--config", str(recipe(root, f"{name}_moved", run, moved)),
                       "--resume", "auto", "--no-progress", cwd=root))
     finally:
         shutil.move(root / to, root / what)
@@ -85,12 +88,13 @@ def run_then_move(root: Path, name: str, data: dict, moved: dict, what: str, to:
 
 
 def test_a_dataset_at_another_mount_point_resumes_exactly(root: Path) -> None:
-    """Catches a refusal of the same data at another path (`data.root: checkpoint
-    '.../mount1/a', this run '.../mount2/a'`) though its identity is the checkpoint's, a
-    resume that continues inexactly, and run.json not saying where the data is now."""
+    """`resume RUN_DIR --set data.root=NEW`. Catches a refusal of the same data at another
+    path (`data.root: checkpoint '.../mount1/a', this run '.../mount2/a'`) though its
+    identity is the checkpoint's, a resume that continues inexactly, and run.json not saying
+    where the data is now."""
     old, new = str(root / "mount1" / "a"), str(root / "mount2" / "a")
-    reference, run, output = run_then_move(root, "single", {"root": old}, {"root": new},
-                                           "mount1", "mount2")
+    reference, run, output = run_then_move(root, "single", {"root": old},
+                                           ["--set", f"data.root={new}"], "mount1", "mount2")
     assert f"the data moved (its source identity is the checkpoint's): data.root: {old} -> " \
         f"{new}" in output, output
     assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 4
