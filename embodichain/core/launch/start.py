@@ -261,9 +261,7 @@ def _parts_elsewhere(fmt: CheckpointFormat, path: Path, data: Mapping[str, Any]
             assigned.setdefault(holders[0], []).append(k)
         else:
             problems.append(fmt.unreachable(data, path, k, nodes))
-    if problems:
-        process_group.broadcast_from_rank_zero(_PartsCheck(question, {}))
-        process_group.gather_to_rank_zero(None)
+    if problems:  # the other ranks wait for rank 0's next question or its outcome
         return problems
     check = _PartsCheck(question, assigned)
     process_group.broadcast_from_rank_zero(check)
