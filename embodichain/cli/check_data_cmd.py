@@ -31,7 +31,7 @@ def check_data(
     Builds the factory's trainer in this process; trains and writes nothing. Exit 0: every
     example loads; 1: some do not (listed); 2: bad input."""
     with reported_errors(debug):
-        from embodichain.core.data.check_data import check_examples
+        from embodichain.core.data.check_data import by_file_and_episode, check_examples
         from embodichain.core.data.dataset_source import DatasetSource
         from embodichain.core.distributed import process_group
         from embodichain.core.launch import api
@@ -60,9 +60,10 @@ def check_data(
         if not report.problems:
             console.print(f"{config}: all {report.checked} training examples load")
             return
+        problems = by_file_and_episode(report.problems)  # one line per file and episode
         console.print(f"{config}: {report.failed} of {report.checked} training examples do "
-                      f"not load ({len(report.problems)} distinct problem(s)):")
-        for problem in report.problems:
+                      f"not load ({len(problems)} distinct problem(s)):")
+        for problem in problems:
             shown = ", ".join(str(i) for i in problem.examples[:SHOWN_EXAMPLES])
             more = len(problem.examples) - SHOWN_EXAMPLES
             console.print(f"  - {problem.message}\n    examples {shown}"

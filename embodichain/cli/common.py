@@ -16,7 +16,13 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from embodichain.core.errors import EmbodichainError, Stopped, UsageError, refusal_in_chain
+from embodichain.core.errors import (
+    EmbodichainError,
+    Stopped,
+    UsageError,
+    peer_lost,
+    refusal_in_chain,
+)
 
 SET_HELP = "Override a recipe value, e.g. --set optimizer.lr=0.01 (repeatable)."
 DEBUG_HELP = "Show the full traceback on errors."
@@ -83,8 +89,11 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
             hint = ""
         else:
             hint = " (run with --debug for the traceback)"
-        print(f"{prefix}error: {type(exc).__name__}: {exc}{hint}", file=sys.stderr)
-        record_error(f"{type(exc).__name__}: {exc}")
+        # A peer's failure seen in a collective: one line that points at the peer, not
+        # gloo's own words (the peer's message is the cause, and torchrun's root cause).
+        message = peer_lost(exc) or f"{type(exc).__name__}: {exc}"
+        print(f"{prefix}error: {message}{hint}", file=sys.stderr)
+        record_error(message)
         raise typer.Exit(1) from None
 
 

@@ -63,6 +63,10 @@ def train_sl(
     init_allow_unexpected: Annotated[bool, typer.Option(
         "--init-allow-unexpected", help="With --init-from: tensors of the file the model "
         "lacks are dropped.")] = False,
+    init_skip: Annotated[list[str] | None, typer.Option(
+        "--init-skip", metavar="REGEX", help="With --init-from: model tensors whose name "
+        "matches REGEX (searched; repeatable) keep their own initialisation, e.g. a resized "
+        "head: --init-skip '^head\\.'.")] = None,
     print_config: Annotated[bool, typer.Option(
         "--print-config", help="Print the resolved recipe and exit.")] = False,
     nproc_per_node: NprocOpt = None,
@@ -77,14 +81,15 @@ def train_sl(
         from embodichain.core.launch.self_launch import should_launch, worker_command
 
         init = _init_from(init_from, init_from_ema, init_allow_missing, init_allow_unexpected,
-                          resume)
+                          resume, init_skip or [])
         # The public API's path (R-API-1): what this machine cannot serve is refused before
         # any worker starts (exit 2); warnings are shown once.
         recipe = api.load_recipe(config, overrides or [],
                                  local_ranks=local_ranks(nproc_per_node), warn=False)
         print_warnings(recipe.warnings)
         if init_from is not None and not init_from.is_file() and (
-                print_config or should_launch(nproc_per_node)):  # before any worker starts
+                print_config or should_launch(nproc_per_node)) and not _continues(
+                    resume, recipe.config.trainer.output_dir):  # before any worker starts
             raise UsageError(f"--init-from {init_from}: no such checkpoint or state_dict file")
         if print_config:
             if resume not in (None, "auto") and not Path(resume).exists():
@@ -96,31 +101,43 @@ def train_sl(
                          ("--init-from", init_from), ("--init-from-ema", init_from_ema),
                          ("--init-allow-missing", init_allow_missing),
                          ("--init-allow-unexpected", init_allow_unexpected),
+                         ("--init-skip", init_skip or []),
                          ("--no-progress", no_progress), ("--debug", debug)]))
         # Only rank 0 looks at the checkpoint: other nodes need not have it (R-DIST-6).
         api.train(recipe, resume=resume, show_progress=not no_progress, init_from=init)
 
 
 def _init_from(path: Path | None, ema: bool, allow_missing: bool, allow_unexpected: bool,
-               resume: str | None) -> InitFrom | None:
+               resume: str | None, skip: list[str]) -> InitFrom | None:
     """The `InitFrom` the --init-* options ask for (None without --init-from); refuses
-    (exit 2) --init-from with --resume, and --init-* options without --init-from."""
+    (exit 2) --init-from with --resume (but `--resume auto`: the weights start the run, a
+    restart continues its snapshots), and --init-* options without --init-from."""
     from embodichain.core.errors import UsageError
 
     if path is None:
         given = [name for name, on in (("--init-from-ema", ema),
                                        ("--init-allow-missing", allow_missing),
-                                       ("--init-allow-unexpected", allow_unexpected)) if on]
+                                       ("--init-allow-unexpected", allow_unexpected),
+                                       ("--init-skip", bool(skip))) if on]
         if given:
             raise UsageError(f"{', '.join(given)} needs --init-from CKPT")
         return None
-    if resume is not None:
+    if resume not in (None, "auto"):
         raise UsageError(f"--init-from {path} and --resume {resume} exclude each other: "
                          "--resume continues a run exactly, --init-from starts a new one "
-                         "from its weights; give only one")
+                         "from its weights; give only one (--resume auto with --init-from: "
+                         "the weights start the run, a restart continues its snapshots)")
     from embodichain.core.checkpoint.initial_weights import InitFrom
 
-    return InitFrom(path, ema, allow_missing, allow_unexpected)
+    return InitFrom(path, ema, allow_missing, allow_unexpected, tuple(skip))
+
+
+def _continues(resume: str | None, output_dir: str) -> bool:
+    """Whether `--resume auto` will continue a run in `output_dir` (so reads no
+    `--init-from` weights: they start a run, a restart or requeue continues it)."""
+    from embodichain.core.runs.run_dir import RUN_JSON
+
+    return resume == "auto" and (Path(output_dir) / RUN_JSON).is_file()
 
 
 def local_ranks(nproc_per_node: int | None) -> int:

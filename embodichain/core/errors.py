@@ -122,3 +122,20 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """`"did you mean 'X'? "` for the closest of `choices`, or "" when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean '{close[0]}'? " if close else ""
+
+
+_PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer(?: \[[^\]]*\]:\d+)?")
+
+
+def peer_lost(exc: BaseException) -> str | None:
+    """For a collective that failed because another rank is gone (gloo's "Connection closed
+    by peer ... GLHF!"): what this rank says instead, pointing at the rank that failed
+    first; None for any other error. Only the rank that failed first knows the cause, and
+    torchrun's report names it as the root cause."""
+    text = str(exc)
+    found = _PEER_LOST.search(text)
+    if found is None or "gloo" not in text:
+        return None
+    return ("this rank lost another rank in a collective (gloo: "
+            f"{found.group(0).strip()}): another rank failed or was killed first; its own "
+            "error is the cause (torchrun's report names it as the root cause)")

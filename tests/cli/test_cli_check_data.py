@@ -77,3 +77,29 @@ def test_check_data_lists_the_bad_examples_and_exits_one(tmp_path: Path) -> None
     assert good.returncode == 0, good.stderr
     assert "all 200 training examples load" in good.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_frame_damage_is_listed_once_per_file_and_episode(tmp_path: Path) -> None:
+    """A damaged camera fails every frame of both episodes: the report check-data prints has
+    one line per file and episode, listing the frames (rough edge of issue 40). Catches one
+    line per frame (a long damaged episode buries the report) and frames of two episodes
+    folded together."""
+    from embodichain.core.data.check_data import by_file_and_episode
+
+    rng = np.random.default_rng(0)
+    episodes = [EpisodeData("task", {"action": rng.standard_normal((n, 2)).astype(np.float32),
+                                     WRIST: rng.integers(0, 256, (n, 4, 4, 3), np.uint8)})
+                for n in (3, 2)]
+    root = write_dataset(tmp_path / "data", episodes, {"action": feature("float32", (2,)),
+                                                       WRIST: feature("image", (4, 4, 3))},
+                         10, episodes_per_file=2)
+    spoil_images(root / "data/chunk-000/file-000.parquet", WRIST)
+    report = check_examples(LeRobotFrames(root, features=[WRIST]))
+    grouped = by_file_and_episode(report.problems)
+    assert len(grouped) == 2, [p.message for p in grouped]
+    assert "episode 0, frames 0, 1, 2 (3 frames)" in grouped[0].message
+    assert "episode 1, frames 0, 1 (2 frames)" in grouped[1].message
+    assert all("file-000.parquet" in p.message for p in grouped)
+    assert [p.examples for p in grouped] == [[0, 1, 2], [3, 4]]
+    one = by_file_and_episode(report.problems[:1])
+    assert one[0].message == report.problems[0].message  # a single frame: as the reader said

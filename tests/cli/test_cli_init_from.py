@@ -187,3 +187,179 @@ def test_a_missing_source_is_refused_before_any_worker_starts(tmp_path: Path) ->
     assert f"--init-from {tmp_path / 'absent.pt'}: no such" in proc.stderr
     assert "Failures" not in proc.stderr and "exitcode" not in proc.stderr, proc.stderr
     assert not run.exists()
+
+
+def test_a_file_sharing_no_tensor_is_refused_even_with_both_allow_flags(
+        source: Path, tmp_path: Path) -> None:
+    """A state_dict none of whose tensors the model has, given both allow flags, is refused
+    (exit 2) naming both sides' tensors, and nothing is written. Catches the run accepted
+    and trained from its seed (exit 0) as if the weights had been loaded (issue 40)."""
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"encoder.weight": torch.ones(3, 3), "encoder.bias": torch.zeros(3)}, foreign)
+    proc, run, _ = start(tmp_path, foreign, "--init-allow-missing", "--init-allow-unexpected")
+    assert proc.returncode == 2, proc.stderr
+    said = " ".join(proc.stderr.split())
+    assert "shares no tensor with the model" in said, said
+    assert "encoder.bias, encoder.weight" in said and "0.bias, 0.weight" in said
+    assert not run.exists()
+
+
+def test_init_skip_reinitialises_a_resized_head_and_loads_the_rest_bitwise(
+        tmp_path: Path) -> None:
+    """A model whose head grew (3.weight (2, 2) -> (3, 2), 4.weight (2, 2) -> (2, 3)):
+    refused naming the head and --init-skip; with `--init-skip '^[34]\\.'` the rest is
+    loaded bitwise, the head keeps the seed's initialisation bitwise (a run without
+    --init-from), and the summary says what was loaded and what was left. Catches
+    --init-skip ignored (a shape-mismatch refusal or a failing copy), a skipped tensor
+    still overwritten, and other tensors not loaded."""
+    head = {"INIT_EXTRA_HEAD": "1", "INIT_HEAD_WIDTH": "2"}
+    old = tmp_path / "old"
+    old.mkdir()
+    recipe = write_recipe(old / "r.yaml", old / "run", **NEW)
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env(**head)))
+    source = old / "run" / "last.pt"
+    saved = read_checkpoint(source)["payload"]["learner"]["model"]
+    grown = {**head, "INIT_HEAD_WIDTH": "3"}
+
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "dumps").mkdir()
+    assert_ok(run_cli("train-sl", "--config", str(write_recipe(seed / "r.yaml", seed / "run",
+                                                                 **NEW)),
+                      "--no-progress", env=factories_env(INIT_DUMP_DIR=str(seed / "dumps"),
+                                                         **grown)))
+    seeded = torch.load(seed / "dumps" / "rank0.pt", weights_only=True)
+
+    refused_dir = tmp_path / "refused"
+    refused_dir.mkdir()
+    recipe = write_recipe(refused_dir / "new.yaml", refused_dir / "new", **NEW)
+    args = ("train-sl", "--config", str(recipe), "--no-progress", "--init-from", str(source))
+    refused = run_cli(*args, env=factories_env(**grown))
+    assert refused.returncode == 2, refused.stderr
+    said = " ".join(refused.stderr.split())
+    assert "3.weight: (2, 2)" in said and "(3, 2) in the model" in said, said
+    assert "--init-skip" in said and not (refused_dir / "new").exists()
+
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    proc = run_cli(*args, "--init-skip", r"^[34]\.",
+                   env=factories_env(INIT_DUMP_DIR=str(dumps), **grown))
+    assert_ok(proc)
+    started = torch.load(dumps / "rank0.pt", weights_only=True)
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert torch.equal(started[name], saved[name]), name
+    for name in ("3.weight", "3.bias", "4.weight", "4.bias"):
+        assert torch.equal(started[name], seeded[name]), name
+    said = " ".join(proc.stderr.split())
+    assert "loaded 4 of the model's 8 tensors" in said, said
+    assert "left at the model's initialisation: 4 (3.bias (--init-skip), 3.weight " \
+           "(--init-skip), 4.bias (--init-skip)" in said
+
+
+def test_the_catalogue_rank_zero_sends_holds_no_tensor(source: Path) -> None:
+    """What rank 0 broadcasts for --init-from is a catalogue (names, shapes, where rows lie),
+    never the weights: each rank reads its own rows. Catches the non-scaling variant in
+    which rank 0 reads (or consolidates) the whole state and broadcasts it pickled
+    (issue 41)."""
+    import dataclasses
+
+    from embodichain.core.checkpoint.initial_weights import InitFrom, read
+
+    def tensors(value: object) -> int:
+        if isinstance(value, torch.Tensor):
+            return 1
+        if isinstance(value, dict):
+            return sum(tensors(v) for v in value.values())
+        if isinstance(value, list | tuple):
+            return sum(tensors(v) for v in value)
+        return 0
+
+    weights = read(InitFrom(source, ema=True))
+    assert tensors([getattr(weights, f.name) for f in dataclasses.fields(weights)]) == 0
+    assert weights.shapes["0.weight"] == (32, 4) and weights.pieces[0]["cuts"]["model"][
+        "0.weight"] == [0, 32, 32]
+
+
+@pytest.mark.slow
+def test_init_from_under_max_restarts_reads_the_weights_only_at_the_first_start(
+        source: Path, tmp_path: Path) -> None:
+    """`--init-from` with `--resume auto --nproc-per-node 2 --max-restarts 1`: rank 1 is
+    SIGKILLed at update 15, the restart continues from the run's snapshot at 10 (not from
+    the initial weights again), and a later requeue of the same command continues although
+    the initial file is gone. Catches --init-from refused with --resume auto (it could not
+    run under --max-restarts), a restart that starts over from the file (a refused or
+    replaced run directory), and a requeue that reads it again (the file must exist)."""
+    copy = tmp_path / "init.pt"
+    copy.write_bytes(source.read_bytes())
+    run = tmp_path / "run"
+    recipe = write_recipe(tmp_path / "r.yaml", run, **{
+        "factory": "restarting:build_supervised_trainer", "trainer.max_updates": 30,
+        "trainer.save_every": 10, "trainer.validate_every": 10, "trainer.log_every": 5})
+    env = factories_env(EMBODICHAIN_TEST_KILL_LOG=str(tmp_path / "k"),
+                        EMBODICHAIN_TEST_KILLS=json.dumps([{"id": "a", "rank": 1,
+                                                            "update": 15}]))
+    command = ("train-sl", "--config", str(recipe), "--init-from", str(copy), "--resume",
+               "auto", "--nproc-per-node", "2", "--max-restarts", "1", "--no-progress")
+    proc = run_cli(*command, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "restarting all 2 workers" in proc.stderr
+    assert "not read: --resume auto continues the run" in " ".join(proc.stderr.split())
+    identity = json.loads((run / "run.json").read_text())
+    assert identity["initialized_from"]["path"] == str(copy.resolve())
+    assert [e["step"] for e in identity["events"] if e["event"] == "resumed"] == [10]
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 30
+
+    copy.unlink()
+    again = run_cli(*command, "--set", "trainer.max_updates=40", env=env)
+    assert again.returncode == 0, again.stderr
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 40
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_nodes_the_node_without_the_file_receives_only_its_rows(
+        source: Path, tmp_path: Path) -> None:
+    """FSDP over two simulated nodes (torchrun --nnodes=2, each node its own directory), the
+    source named by a relative path that only node 0 holds: each rank's model starts bitwise
+    at the source's weights, and rank 1 receives exactly the elements of its own shard from
+    rank 0 (fewer than the model's). Catches the non-scaling variants in which a rank gets
+    the whole state (a full tensor sent or broadcast to it), and a node that must hold the
+    file (refused, or a crash, where it lacks it)."""
+    import socket
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.processes import run_python_module
+
+    expected = read_checkpoint(source)["payload"]["learner"]["model"]
+    cwds = []
+    for node in (0, 1):
+        cwd = tmp_path / f"node{node}"
+        cwd.mkdir()
+        write_recipe(cwd / "r.yaml", Path("run"), **{**NEW, "trainer.strategy": "fsdp"})
+        cwds.append(cwd)
+    (cwds[0] / "init.pt").write_bytes(source.read_bytes())
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                  f"--rdzv-id={uuid.uuid4().hex[:8]}"]
+
+    def node(rank: int):  # noqa: ANN202
+        return run_python_module(
+            "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={rank}", *rendezvous, "--monitor-interval=0.2", "-m",
+            "embodichain", "train-sl", "--config", "r.yaml", "--no-progress", "--init-from",
+            "init.pt", cwd=cwds[rank], env=factories_env(INIT_DUMP_DIR=str(dumps)))
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for proc in pool.map(node, range(2)):
+            assert_ok(proc)
+    for rank in range(2):
+        assert_weights(dumps / f"rank{rank}.pt", expected)
+    received, own = map(int, (dumps / "rank1.counts").read_text().split())
+    whole = sum(t.numel() for t in expected.values())
+    assert received == own < whole, (received, own, whole)
+    assert (dumps / "rank0.counts").read_text().split()[0] == "0"

@@ -1,7 +1,9 @@
 """The sl_ddp recipe, but the process dies at update EMBODICHAIN_TEST_FAIL_AT (an interruption).
 
 Named in recipes as `interrupting:build_supervised_trainer` with tests/factories on
-PYTHONPATH. Without the variable it trains exactly like `sl_ddp`.
+PYTHONPATH. Without the variable it trains exactly like `sl_ddp`. With
+EMBODICHAIN_TEST_FAIL_RANK=R only rank R fails (the others then wait in the update's
+collective for a peer that is gone).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from embodichain.plugins import sl_ddp
 def build_supervised_trainer(config, device):
     trainer = sl_ddp.build_supervised_trainer(config, device)
     fail_at = int(os.environ.get("EMBODICHAIN_TEST_FAIL_AT", "0"))
+    only = os.environ.get("EMBODICHAIN_TEST_FAIL_RANK")
+    if only is not None and os.environ.get("RANK", "0") != only:
+        fail_at = 0
     objective = trainer.objective
 
     def interrupted(model, batch):

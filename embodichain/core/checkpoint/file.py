@@ -179,14 +179,15 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 # Reading
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load and verify a checkpoint; raises a CheckpointError subclass naming the problem."""
+def read_checkpoint(path: str | Path, *, mmap: bool = False) -> dict[str, Any]:
+    """Load and verify a checkpoint; raises a CheckpointError subclass naming the problem.
+    `mmap`: tensors memory-mapped, not read into memory (the digest still reads them all)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     _check_archive(path)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        data = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower() or "weights_only" in str(exc):
             first = str(exc).split("\n")
@@ -208,6 +209,14 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _check_archive(path: Path) -> None:
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        raise CheckpointCorruptError(f"checkpoint {path} is empty (0 bytes): truncated")
+    if head != b"PK\x03\x04":  # torch.save writes a zip archive; this is something else
+        raise CheckpointError(f"{path} is not an embodichain checkpoint: not a torch file "
+                              "(torch.save writes a zip archive; this one starts with "
+                              f"{head!r})")
     try:
         with zipfile.ZipFile(path) as archive:
             bad = archive.testzip()

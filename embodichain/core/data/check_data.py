@@ -6,11 +6,14 @@ order, by torch's DataLoader with the recipe's data workers (each example is wha
 would decode: only the features the source selects), and every failure is kept with the
 message the reader gives it (the LeRobot reader names the episode, the frame and the file).
 Examples share frames (windows), so one bad frame fails several examples: the report lists
-each distinct message once, with the examples it failed.
+each distinct message once, with the examples it failed; `by_file_and_episode` then folds
+the messages that differ only in their frame (a damaged file fails every frame of an
+episode) into one per file and episode, listing the frames.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +37,34 @@ class DataReport:
     @property
     def failed(self) -> int:
         return sum(len(p.examples) for p in self.problems)
+
+
+_FRAME = re.compile(r"\bframe (\d+)\b")
+_TIME = re.compile(r"\bt=\d+(?:\.\d+)? s\b")  # a video frame's time, one per frame
+SHOWN_FRAMES = 8
+
+
+def by_file_and_episode(problems: Sequence[Problem]) -> list[Problem]:
+    """`problems` with those whose messages differ only in the frame (its number, and its
+    time in a video) folded into one: `episode 1, frames 0, 1, 2 (3 frames), <file>`, with
+    the union of their examples. Messages that name no frame stay as they are."""
+    folded: dict[str, list[tuple[int, Problem]]] = {}
+    for problem in problems:
+        found = _FRAME.search(problem.message)
+        key = problem.message if found is None else \
+            _TIME.sub("t=(each frame's)", _FRAME.sub("frame #", problem.message, count=1))
+        folded.setdefault(key, []).append((int(found.group(1)) if found else -1, problem))
+    out = []
+    for key, members in folded.items():
+        if len(members) == 1:
+            out.append(members[0][1])
+            continue
+        frames = sorted({frame for frame, _ in members})
+        listed = ", ".join(map(str, frames[:SHOWN_FRAMES])) + (
+            ", ..." if len(frames) > SHOWN_FRAMES else "")
+        message = key.replace("frame #", f"frames {listed} ({len(frames)} frames)", 1)
+        out.append(Problem(message, sorted({i for _, p in members for i in p.examples})))
+    return out
 
 
 class _Failures:

@@ -35,6 +35,7 @@ from embodichain.core.observe.summary import Status, print_run_summary
 from embodichain.core.recipe.loading import Recipe
 from embodichain.core.runs.fresh_claim import ClaimSite, take_back
 from embodichain.core.runs.resume_policy import Start, config_differences, resume_problems
+from embodichain.core.runs.run_dir import read_run_json
 from embodichain.core.runs.run_end import record_failure
 from embodichain.core.runs.run_lock import RunLock
 from embodichain.core.training.trainer import RunContext, SupervisedTrainer
@@ -70,10 +71,14 @@ def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None =
     into the factory's model before its strategy spreads it); never with a resume.
     """
     start = start or Start()
-    if init_from is not None and start.kind != "fresh":
+    if init_from is not None and start.kind not in ("fresh", "auto"):
         raise UsageError("--init-from starts a new run from a checkpoint's weights and "
                          f"--resume continues one ({start.kind}); give only one of them")
-    weights = initial_weights.agree(init_from) if init_from is not None else None
+    weights = None
+    if init_from is not None:
+        output_dir = Path(recipe.config.trainer.output_dir)
+        weights = initial_weights.agree(init_from, lambda: _reads_initial_weights(
+            start, output_dir, init_from))
     seed_streams(recipe.config.seed)
     try:
         with initial_weights.pending(weights):
@@ -88,6 +93,18 @@ def build_trainer(recipe: Recipe, device: torch.device, *, start: Start | None =
     trainer.run_opener = RunOpener(recipe, start, device,
                                    weights.record if weights is not None else None)
     return trainer
+
+
+def _reads_initial_weights(start: Start, output_dir: Path, init_from: InitFrom) -> bool:
+    """On rank 0: whether `--init-from` weights are read. With `--resume auto` (a
+    `--max-restarts` restart, a requeued job) only at the run's first start: a run already
+    in `output_dir` continues from its own snapshots, as `--resume auto` decides."""
+    if start.kind == "fresh" or read_run_json(output_dir) is None:
+        return True
+    log.info("--init-from %s: not read: --resume auto continues the run in %s from its own "
+             "snapshots (the initial weights are read only at its first start)",
+             init_from.path, output_dir)
+    return False
 
 
 def _refused_by_the_factory() -> None:

@@ -35,7 +35,10 @@ def recipe_warnings(config: FrameworkConfig) -> list[str]:
     """Keys whose value has no effect in this recipe, or whose effect never comes."""
     t = config.trainer
     found = []
-    if t.data_workers == 0 and "prefetch" in t.model_fields_set:
+    # Only a value the user chose: a stored (resolved) recipe holds the default too, and
+    # resuming it must not warn about a key the user never set (issue 40).
+    if t.data_workers == 0 and "prefetch" in t.model_fields_set \
+            and t.prefetch != type(t).model_fields["prefetch"].default:
         found.append(f"trainer.prefetch: {t.prefetch} has no effect with trainer.data_workers "
                      "0 (batches are loaded in the training process)")
     if t.keep_last is not None and not t.save_every:

@@ -18,13 +18,9 @@ from pydantic import BaseModel, ValidationError
 
 from embodichain.core.errors import ConfigError
 from embodichain.core.recipe.consistency import recipe_problems, recipe_warnings
+from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.limits import framework_limit_problems
-from embodichain.core.recipe.schema import (
-    FrameworkConfig,
-    combined_schema,
-    global_batch_problem,
-    resolved_dict,
-)
+from embodichain.core.recipe.schema import FrameworkConfig, combined_schema, resolved_dict
 from embodichain.core.recipe.validation_errors import (
     allows_none,
     annotation_at,
@@ -165,19 +161,26 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str],
     result = json.loads(json.dumps(raw, default=str))  # deep copy of plain data
     parsed, problems = _parse_overrides(overrides)
     for override in parsed:
-        node = result
+        node: Any = result
         parts = override.key
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                problems.append(f"--set {override.dotted}: {'.'.join(parts[: depth + 1])} is "
-                                f"not a section (it holds {json.dumps(child, default=str)})")
+        for depth, part in enumerate(parts):
+            where = ".".join(parts[:depth])
+            if isinstance(node, list):  # a list of sections: `data.mixture.1.weight`
+                if not part.isdigit() or int(part) >= len(node):
+                    problems.append(f"--set {override.dotted}: {where} is a list of "
+                                    f"{len(node)} item(s); name one by its index 0.."
+                                    f"{len(node) - 1}, e.g. --set {where}.0.{parts[-1]}=...")
+                    break
+                part = int(part)
+            elif not isinstance(node, dict):
+                problems.append(f"--set {override.dotted}: {where} is not a section (it holds "
+                                f"{json.dumps(node, default=str)})")
                 break
-            node = child
-        else:
-            node[parts[-1]] = _typed_value(override, schema)
+            if depth == len(parts) - 1:
+                node[part] = _typed_value(override, schema)
+            elif isinstance(node, dict) and node.get(part) is None:
+                node[part] = {}
+            node = node[part]
     if problems:
         raise ConfigError(problems)
     return result

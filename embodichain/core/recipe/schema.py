@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
 from embodichain.core.recipe.strategy_limits import strategy_problems
 
@@ -192,37 +193,6 @@ class TrainerConfig(Section):
         if problem:
             raise ValueError(problem)
         return self.global_batch_size // (world_size * self.batch_size)
-
-
-def global_batch_problem(t: TrainerConfig, world_size: int | None) -> str | None:
-    """Why `trainer.global_batch_size` cannot be served on `world_size` ranks (None: on
-    some world size), naming G, the world size and the batch size; None when it can."""
-    g, b = t.global_batch_size, t.batch_size
-    if g is None:
-        return None
-    if g > 2**31 - 1:  # drawn as one tensor of indices, as batch_size x grad_accumulation
-        return f"trainer.global_batch_size: expected at most {2**31 - 1}, got {g}"
-    explicit = "grad_accumulation" in t.model_fields_set
-    if world_size is None:
-        per_rank = b * t.grad_accumulation if explicit else b
-        if g % per_rank:
-            what = (f"batch_size x grad_accumulation = {b} x {t.grad_accumulation}"
-                    if explicit else f"batch_size {b}")
-            return (f"trainer.global_batch_size: {g} is not a whole multiple of trainer.{what}, "
-                    "so no world size divides it into whole micro-batches per rank")
-        return None
-    if g % (world_size * b):
-        return (f"trainer.global_batch_size: {g} is not a whole multiple of world size x "
-                f"batch_size = {world_size} x {b} = {world_size * b}: the micro-batches per "
-                "update, K = "
-                "G / (world size x batch_size), must be a whole number >= 1; change "
-                "trainer.batch_size, trainer.global_batch_size or the number of ranks")
-    k = g // (world_size * b)
-    if explicit and t.grad_accumulation != k:
-        return (f"trainer.grad_accumulation: {t.grad_accumulation} disagrees with trainer."
-                f"global_batch_size {g} / (world size {world_size} x batch_size {b}) = {k}; "
-                "leave grad_accumulation unset (it is derived) or set it to the derived value")
-    return None
 
 
 class OptimizerConfig(Section):

@@ -233,12 +233,18 @@ def _fields_of(annotation: Any) -> dict[str, Any] | None:
 
 
 def _fields_at(schema: type[BaseModel], path: Sequence[str]) -> dict[str, Any] | None:
-    fields = _fields_of(schema)
+    """The fields of the section at `path`; a number steps into a list's item type (the
+    sections of `data.mixture.1`)."""
+    annotation: Any = schema
     for part in path:
+        if str(part).isdigit() and (item := _item_type(annotation)) is not None:
+            annotation = item
+            continue
+        fields = _fields_of(annotation)
         if fields is None or part not in fields:
             return None
-        fields = _fields_of(fields[part])
-    return fields
+        annotation = fields[part]
+    return _fields_of(annotation)
 
 
 def annotation_at(schema: type[BaseModel], path: Sequence[str]) -> Any:

@@ -31,8 +31,11 @@ def keep_user_overrides(overrides: Sequence[str]) -> Iterator[None]:
 def with_user_overrides(args: str) -> str:
     """`args` followed by the user's `--set` options, each but those whose key `args`
     already sets itself (a suggestion's own value, e.g. a fresh output_dir, wins)."""
+    # `resume RUN_DIR` trains in RUN_DIR whatever trainer.output_dir says: not repeated.
+    mine = {"trainer.output_dir"} if args.startswith("resume ") else set()
     kept = [o for o in _USER_OVERRIDES
-            if f"--set {o.partition('=')[0].strip()}=" not in args]
+            if f"--set {(key := o.partition('=')[0].strip())}=" not in args
+            and key not in mine]
     return " ".join([args, *(f"--set {shlex.quote(o)}" for o in kept)])
 
 

@@ -59,7 +59,7 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
                 continue
             if prefix == key and default is not NO_DEFAULT:
                 a = default  # what the checkpoint was trained with, the key not yet there
-        problems.append(f"{key}: checkpoint {a!r}, this run {b!r}")
+        problems += _described(key, a, b)
     problems += patience_problems(old, new)
     max_updates = new.get("trainer.max_updates")
     if isinstance(max_updates, int) and max_updates < step:
@@ -72,6 +72,27 @@ def moved(saved: Mapping[str, Any], current: Mapping[str, Any],
           schema: type[BaseModel] | None = None) -> dict[str, tuple[Any, Any]]:
     """The data locations (fields marked LOCATES_DATA) that differ: `{key: (old, new)}`."""
     return moved_locations(saved, current, schema or FrameworkConfig)
+
+
+def _described(key: str, a: Any, b: Any) -> list[str]:
+    """One difference, with both values; lists of sections (`data.mixture`) item by item,
+    naming the index and field (`data.mixture.1.weight: checkpoint 1.0, this run 2.0`),
+    not both whole lists."""
+    if not (isinstance(a, list) and isinstance(b, list)
+            and all(isinstance(item, Mapping) for item in [*a, *b])):
+        return [f"{key}: checkpoint {a!r}, this run {b!r}"]
+    found = []
+    for i in range(max(len(a), len(b))):
+        if i >= len(a) or i >= len(b):
+            which, item = ("this run", b[i]) if i >= len(a) else ("the checkpoint", a[i])
+            found.append(f"{key}.{i}: only {which} has it ({item!r}; the checkpoint has "
+                         f"{len(a)} item(s), this run {len(b)})")
+            continue
+        old, new = flatten_keys(a[i]), flatten_keys(b[i])
+        found += [f"{key}.{i}.{field}: checkpoint {old.get(field, ABSENT)!r}, this run "
+                  f"{new.get(field, ABSENT)!r}" for field in sorted(set(old) | set(new))
+                  if old.get(field, ABSENT) != new.get(field, ABSENT)]
+    return found
 
 
 def newer_keys(saved: Mapping[str, Any], current: Mapping[str, Any],

@@ -111,11 +111,19 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
     (config_compat.config_differences)."""
     problems = []
     saved_size = snapshot.get("world_size")
+    differences = config_differences(snapshot.get("config") or {}, resolved,
+                                     int(snapshot.get("step") or 0), schema,
+                                     same_source=snapshot.get("source_identity")
+                                     == identity["source_identity"])
     if saved_size != identity["world_size"] and not continues_on_any_world_size(
             snapshot.get("config") or {}, resolved):
+        # A command that keeps this run's other differences would be refused in turn.
+        other = differences or snapshot.get("source_identity") != identity["source_identity"]
+        launch = (_launch_that_fits(saved_size, again) if not other else
+                  f"launch {saved_size} worker(s) once the differences below are undone")
         problems.append(f"world_size: checkpoint {saved_size}, this run "
                         f"{identity['world_size']} (exact recovery needs the same number of "
-                        f"workers: {_launch_that_fits(saved_size, again)}; a run with "
+                        f"workers: {launch}; a run with "
                         "trainer.global_batch_size may continue on another number; or start "
                         "a new run from its weights with train-sl --init-from CHECKPOINT)")
     if snapshot.get("source_identity") != identity["source_identity"]:
@@ -126,11 +134,7 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
         problems.append(f"source identity: checkpoint {snapshot.get('source_identity')}, "
                         f"this run {identity['source_identity']}"
                         + (f" ({change})" if change else ""))
-    problems += config_differences(snapshot.get("config") or {}, resolved,
-                                   int(snapshot.get("step") or 0), schema,
-                                   same_source=snapshot.get("source_identity")
-                                   == identity["source_identity"])
-    return problems
+    return problems + differences
 
 
 def _launch_that_fits(world_size: Any, again: str | None) -> str:

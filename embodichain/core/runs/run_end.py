@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.errors import peer_lost
 from embodichain.core.runs.run_dir import now_iso, update_run_json
 
 RUN_JSON_FORMAT = 2  # 2: clean stops are recorded; absent (1): they were not
@@ -37,8 +38,8 @@ def record_failure(directory: Path, step: int, error: BaseException) -> None:
     """Append the `failed` event to run.json (rank 0 only): the update it failed at, and the
     first line of the error."""
     lines = str(error).strip().splitlines()
-    event = {"event": FAILED, "at": now_iso(), "step": step,
-             "error": f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]}
+    said = peer_lost(error) or f"{type(error).__name__}: {lines[0] if lines else ''}"
+    event = {"event": FAILED, "at": now_iso(), "step": step, "error": said[:500]}
     update_run_json(directory, lambda data: data.setdefault("events", []).append(event))
 
 

@@ -107,9 +107,11 @@ class Learner:
         self.strategy: Strategy = make_strategy(
             strategy, device, precision,
             SpreadOptions(tuple(shard_blocks), reshard_after_forward))
-        load_pending(model)  # train-sl --init-from: before the strategy spreads the model
         self.model = model.to(device).train()  # validation switches back after eval()
         param_groups = self.strategy.prepare(self.model, param_groups)
+        # train-sl --init-from: each rank its own rows, once the strategy has spread the
+        # model (an FSDP rank reads only its shard's) and before the EMA copies it.
+        load_pending(self.model)
         self.optimizer = build_optimizer(
             build_param_groups(self.model, optimizer, param_groups), optimizer)
         self.grad_clip = optimizer.grad_clip

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from embodichain_models.policies.cartpole_bc.data import bc_data
 from embodichain_models.policies.cartpole_bc.prepare import prepare
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
@@ -50,3 +51,103 @@ def test_root_and_mixture_together_or_neither_are_refused(roots) -> None:
                  {"mixture": [part, {**part, "root": str(b)}]}):
         with pytest.raises(ValidationError, match="data.root|must differ"):
             BcConfig.model_validate({"data": data})
+
+
+def _mixture_recipe(path: Path, roots, **part1: object) -> Path:
+    import yaml
+
+    a, b = roots
+    path.write_text(yaml.safe_dump({
+        "factory": "cartpole_bc", "seed": 0, "device": "cpu",
+        "trainer": {"batch_size": 4, "max_updates": 2, "validate_every": 0, "save_every": 2,
+                    "log_every": 1, "output_dir": str(path.parent / "run")},
+        "optimizer": {"name": "adam", "lr": 0.001},
+        "data": {"mixture": [{"name": "sim", "root": str(a)},
+                             {"name": "real", "root": str(b), **part1}],
+                 "val_episodes": 1}}))
+    return path
+
+
+def test_set_reaches_an_item_of_a_list_of_sections(roots, tmp_path: Path) -> None:
+    """`--set data.mixture.1.weight=2` (the syntax the messages print) changes the second
+    part's weight, typed by its schema; an index past the list's end is refused naming the
+    list and its indices. Catches `--set` that refuses a list ("not a section") or writes
+    a key "1" into it."""
+    import yaml
+
+    from tests.support.cli import invoke
+
+    recipe = _mixture_recipe(tmp_path / "r.yaml", roots)
+    shown = invoke("train-sl", "--config", str(recipe), "--print-config", "--set",
+                   "data.mixture.1.weight=2", "--set", "data.mixture.0.name=synthetic")
+    assert shown.exit_code == 0, shown.output
+    text = shown.stdout[shown.stdout.index("factory"):]
+    parts = yaml.safe_load(text)["data"]["mixture"]
+    assert parts[1]["weight"] == 2 and parts[1]["name"] == "real"
+    assert parts[0]["name"] == "synthetic" and parts[0].get("weight", 1) == 1
+    bad = invoke("validate-config", str(recipe), "--set", "data.mixture.2.weight=2")
+    assert bad.exit_code == 2
+    said = " ".join(bad.stderr.split())
+    assert "data.mixture is a list of 2 item(s); name one by its index 0..1" in said, said
+
+
+def test_a_misspelt_key_inside_a_list_item_gets_a_did_you_mean(roots, tmp_path: Path
+                                                                 ) -> None:
+    """`wieght` in a mixture part is refused with "did you mean 'weight'" (rough edge of
+    issue 40). Catches the suggestion looked up only in sections, never in a list's items."""
+    from tests.support.cli import invoke
+
+    recipe = _mixture_recipe(tmp_path / "r.yaml", roots, wieght=2)
+    bad = invoke("validate-config", str(recipe))
+    assert bad.exit_code == 2
+    said = " ".join(bad.stderr.split())
+    assert "data.mixture.1.wieght: unknown key (did you mean 'weight'" in said, said
+    again = invoke("validate-config", str(_mixture_recipe(tmp_path / "s.yaml", roots)),
+                   "--set", "data.mixture.1.wieght=2")
+    assert again.exit_code == 2 and "did you mean 'weight'" in again.stderr, again.stderr
+
+
+def _at_fps(root: Path, fps: int) -> Path:
+    """Three cart-pole demonstrations written at `fps` (the frames are the 30 Hz ones: only
+    the rate recorded in the metadata differs)."""
+    from embodichain_models.data.lerobot.writer import write_dataset
+    from embodichain_models.policies.cartpole_bc.prepare import NOISE, demonstrations, features
+
+    return write_dataset(root, demonstrations(3, 2, 16, NOISE), features(16), fps,
+                         episodes_per_file=25, robot_type="cartpole")
+
+
+def test_parts_of_different_fps_are_served_at_their_own_fps_whatever_their_order(
+        roots, tmp_path: Path) -> None:
+    """A 60 fps part listed first and a 30 fps part: windows are the policy's seconds
+    (frames 1/30 s apart), so the 60 fps part serves every other frame and the 30 fps part
+    every frame, in either order; a 15 fps part cannot serve 1/30 s and is refused naming
+    the part, its root, the key and its fps (issue 40). Catches windows taken from the
+    first part's fps (this order was refused, the other served the 60 fps part's frames
+    1/60 s apart) and a refusal that names neither the part nor its root."""
+    from embodichain_models.data.lerobot.dataset import LeRobotFrames
+    from embodichain_models.data.lerobot.errors import LeRobotFormatError
+
+    fast, slow = _at_fps(tmp_path / "fast", 60), _at_fps(tmp_path / "slow", 15)
+    a, _ = roots
+
+    def mixture(*parts: tuple[str, Path]) -> object:
+        return bc_data(BcConfig.model_validate({"data": {
+            "mixture": [{"name": n, "root": str(r)} for n, r in parts],
+            "val_episodes": 1, "chunk": 3, "frames": 2}})).source.dataset
+
+    for order in ((("fast", fast), ("thirty", a)), (("thirty", a), ("fast", fast))):
+        mixed = mixture(*order)
+        where = [n for n, _ in order].index("fast")
+        start = sum(len(d) for d in mixed.datasets[:where])
+        frames = LeRobotFrames(fast)  # one frame per example, unnormalised
+        first = mixed.datasets[where][0]
+        assert torch.equal(first["action"], torch.stack(
+            [frames[i]["action"] for i in (0, 2, 4)]))
+        assert mixed[start]["part_index"].item() == where
+    with pytest.raises(LeRobotFormatError) as refused:
+        mixture(("thirty", a), ("slow", slow))
+    said = str(refused.value)
+    assert f"data.mixture part 'slow' ({slow})" in said, said
+    assert "delta_timestamps['observation.image']" in said
+    assert "fps 15" in said

@@ -90,7 +90,8 @@ def test_a_key_one_part_lacks_is_refused_by_name(parts) -> None:
     `observation.state`, and the message names the key and both parts."""
     a, b = parts
     with pytest.raises(LeRobotFormatError,
-                       match=r"part 'b' has no 'observation.state', which part 'a'"):
+                       match=r"part 'b' \(.*b\) has no 'observation.state', which part "
+                             r"'a' \(.*a\)"):
         lerobot_mixture([(a, 3), (b, 1)], names=["a", "b"])
 
 
@@ -103,18 +104,24 @@ def test_parts_that_would_not_batch_are_refused_by_name(change: dict, key: str,
     and their shapes; a LeRobotFormatError, so exit 2 from a factory."""
     a, b = mixture_parts(tmp_path, **change)
     with pytest.raises(LeRobotFormatError,
-                       match=rf"'a' and 'b' would not batch: '{key}' is float32 \["):
+                       match=rf"'a' \(.*a\) and 'b' \(.*b\) would not batch: '{key}' is "
+                             r"float32 \["):
         lerobot_mixture([(a, 3), (lerobot_source(b, rename=MIXTURE_RENAME), 1)],
                         names=["a", "b"])
 
 
-def test_a_window_that_is_not_whole_frames_at_a_parts_fps_is_refused_naming_it(parts) -> None:
+def test_a_window_that_is_not_whole_frames_at_a_parts_fps_is_refused_naming_it(
+        parts, tmp_path: Path) -> None:
     """Catches windows converted by the first part's fps only: 1/30 s is a whole frame at
-    A's 30 fps but half of one at B's 15, so the part is refused by name."""
-    a, b = parts
-    with pytest.raises(LeRobotFormatError, match=r"mixture part 'b': delta_timestamps"):
+    A's 30 fps but half of one at B's 15, so B is refused naming the part, its root, the key
+    and its fps. (B's state is named as A's here: before issue 40 this test used B as it is,
+    which lacks the key, and passed on that refusal instead of the fps one.)"""
+    a, b = mixture_parts(tmp_path, b_state_key="observation.state")
+    with pytest.raises(LeRobotFormatError, match=r"mixture part 'b' \(.*b\): delta_timestamps"
+                       r"\['observation.state'\]: .* at the fps of the dataset at .*\(fps 15"):
         lerobot_mixture([(a, 3), (b, 1)], names=["a", "b"],
                         delta_timestamps={"observation.state": [0, 1 / 30]})
+    a, b = parts
     with pytest.raises(LeRobotFormatError, match=r"mixture part 'b': weight -1"):
         lerobot_mixture([(a, 3), (b, -1)], names=["a", "b"])
 

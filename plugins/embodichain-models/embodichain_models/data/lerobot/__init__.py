@@ -104,7 +104,8 @@ def lerobot_mixture(parts: Sequence[tuple[str | Path | DatasetSource, float]], *
             else:
                 source = lerobot_source(what, identity=identity, **options)
         except LeRobotFormatError as exc:
-            raise LeRobotFormatError(f"mixture part {name!r}: {exc}") from None
+            where = "" if isinstance(what, DatasetSource) else f" ({what})"
+            raise LeRobotFormatError(f"mixture part {name!r}{where}: {exc}") from None
         sources.append(source)
     datasets = [s.dataset for s in sources]
     check_batchable(labels, datasets)

@@ -122,8 +122,10 @@ class LeRobotFrames:
                 frames = float(seconds) * self.fps
                 if abs(frames - round(frames)) / self.fps > self.tolerance_s:
                     raise LeRobotFormatError(
-                        f"delta_timestamps[{key!r}]: {seconds} s is not a multiple of 1/fps "
-                        f"(fps {self.fps}) within tolerance_s={self.tolerance_s}")
+                        f"delta_timestamps[{key!r}]: {seconds} s is not a whole number of "
+                        f"frames at the fps of the dataset at {self.root} (fps {self.fps}, "
+                        f"frames every {1 / self.fps:.4g} s), within tolerance_s="
+                        f"{self.tolerance_s}")
                 steps.append(round(frames))
             indices[key] = np.array(steps, dtype=np.int64)
         return indices

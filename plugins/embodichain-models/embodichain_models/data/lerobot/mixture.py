@@ -113,21 +113,23 @@ def check_batchable(names: Sequence[str], datasets: Sequence[Any]) -> None:
     """Refuse parts whose examples would not stack: the first example of each part against
     the first part's, key by key (names the key, both parts, shapes and dtypes)."""
     first = _tensors(datasets[0][0])
+    label = {n: f"{n!r} ({reader_of(d)[0].root})" for n, d in zip(names, datasets, strict=True)}
     for name, dataset in zip(names[1:], datasets[1:], strict=True):
         other = _tensors(dataset[0])
         odd = [k for k in first if k not in other] + [k for k in other if k not in first]
         for key in odd[:1]:  # a key of the first part's it lacks, else one of its own
             has, lacks = (names[0], name) if key in first else (name, names[0])
             raise LeRobotFormatError(
-                f"mixture part {lacks!r} has no {key!r}, which part {has!r} has: map one of "
-                f"its keys to it with lerobot_source(root, rename={{their_key: {key!r}}}), "
-                "or leave the key out with features=[...]")
+                f"mixture part {label[lacks]} has no {key!r}, which part {label[has]} has: "
+                f"map one of its keys to it with lerobot_source(root, rename={{their_key: "
+                f"{key!r}}}), or leave the key out with features=[...]")
         for key in first:
             a, b = first[key], other[key]
             if a.shape != b.shape or a.dtype != b.dtype:
                 raise LeRobotFormatError(
-                    f"mixture parts {names[0]!r} and {name!r} would not batch: {key!r} is "
-                    f"{_described(a)} in {names[0]!r} and {_described(b)} in {name!r}")
+                    f"mixture parts {label[names[0]]} and {label[name]} would not batch: "
+                    f"{key!r} is {_described(a)} in {names[0]!r} and {_described(b)} in "
+                    f"{name!r}")
 
 
 def _tensors(example: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -12,10 +12,12 @@ import numpy as np
 from embodichain.learning.sl import DatasetSource, UsageError
 from embodichain_models.data.lerobot import lerobot_mixture, lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
+from embodichain_models.data.lerobot.errors import LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import aggregate_stats, read_meta
 from embodichain_models.data.lerobot.renamed import stats_of
 from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
+from embodichain_models.policies.cartpole_bc.task import FPS
 
 USED_FEATURES = (IMAGE_KEY, "observation.state", "action")
 
@@ -62,7 +64,9 @@ def bc_data(config: BcConfig) -> BcData:
     first = read_meta(data.mixture[0].root)
     theirs = {ours: their for their, ours in data.mixture[0].rename.items()}
     size = int(first.features[theirs.get(IMAGE_KEY, IMAGE_KEY)]["shape"][0])
-    options = dataset_options(config, first.fps)
+    # Windows in seconds at the policy's control rate, whatever the parts' order: each part
+    # serves them at its own fps, or is refused naming it, its root, the key and its fps.
+    options = dataset_options(config, FPS)
     common = {"names": [p.name for p in data.mixture], "normalization": data.normalization}
     if data.normalization == "pooled":
         common["normalize"] = options.pop("normalize")
@@ -70,8 +74,13 @@ def bc_data(config: BcConfig) -> BcData:
     for part in data.mixture:
         train, held = _split(part.root, part.episodes, data.val_episodes)
         for episodes, into in ((train, trains), (held, helds)):
-            into.append((lerobot_source(part.root, episodes=episodes, identity=data.identity,
-                                        rename=part.rename or None, **options), part.weight))
+            try:
+                opened = lerobot_source(part.root, episodes=episodes, identity=data.identity,
+                                        rename=part.rename or None, **options)
+            except LeRobotFormatError as exc:
+                raise LeRobotFormatError(f"data.mixture part {part.name!r} ({part.root}): "
+                                         f"{exc}") from None
+            into.append((opened, part.weight))
     source = lerobot_mixture(trains, **common)
     held_out = lerobot_mixture(helds, **common).dataset
     stats = [stats_of(d) for d in source.dataset.datasets]

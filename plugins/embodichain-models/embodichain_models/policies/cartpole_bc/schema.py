@@ -58,7 +58,8 @@ class DataSection(Section):
     """The LeRobot v3.0 dataset written by the prepare command (or `mixture`)."""
     mixture: list[MixturePart] | None = Field(default=None, min_length=1)
     """Several datasets mixed by weight, instead of `root`; windows are in seconds at the
-    first part's fps (a part whose fps cannot take them whole is refused)."""
+    policy's 30 Hz control rate, and each part serves them at its own fps (a part whose fps
+    cannot take them whole is refused, naming it, its root, the key and its fps)."""
     normalization: Literal["per_part", "pooled"] = "pooled"
     """A mixture's action normalisation: each part's own statistics, or pooled across the
     parts (count-weighted). The policy's forces use the pooled (or the first part's)."""
