@@ -9,6 +9,7 @@ import typer
 from embodichain.cli import (
     check_data_cmd,
     config_cmd,
+    eval_cmd,
     examples,
     export_cmd,
     factories_cmd,
@@ -53,6 +54,7 @@ config_cmd.register(app)
 check_data_cmd.register(app)
 inspect_cmd.register(app)
 export_cmd.register(app)
+eval_cmd.register(app)
 factories_cmd.register(app)
 init_cmd.register(app)
 report_cmd.register(app)

@@ -28,7 +28,8 @@ def check_data(
 ) -> None:
     """Load every training example of a recipe once, as training would (only the features
     it selects), and report each bad one (the reader names episode, frame and file).
-    Builds the factory's trainer in this process; trains and writes nothing. Exit 0: every
+    Builds the factory's trainer in this process; trains nothing, writes nothing into the
+    dataset or a run directory (only the per-user caches opening the data fills). Exit 0: every
     example loads; 1: some do not (listed); 2: bad input."""
     with reported_errors(debug):
         from embodichain.core.data.check_data import by_file_and_episode, check_examples

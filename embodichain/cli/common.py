@@ -72,7 +72,8 @@ def reported_errors(debug: bool = False) -> Iterator[None]:
         rank = env_rank()
         message = "interrupted at once (a second Ctrl-C): no snapshot was written for the " \
                   "update in flight"
-        error_console().print(f"[rank {rank}] {message}" if rank else message)
+        # markup=False: rich would take "[rank 1]" for a style tag and drop it
+        error_console().print(f"[rank {rank}] {message}" if rank else message, markup=False)
         record_error(message)
         raise typer.Exit(130) from None
     except Exception as exc:

@@ -19,7 +19,9 @@ def validate_config(
         autocompletion=completion.set_keys)] = None,
     build: Annotated[bool, typer.Option(
         "--build", help="Also build the factory's trainer in this process (imports torch and "
-        "the factory; trains and writes nothing), to check what only the factory decides: "
+        "the factory; trains nothing, and writes only what opening its data writes into the "
+        "per-user caches, never into the dataset or a run directory), to check what only "
+        "the factory decides: "
         "its parameter groups, its data source, an evaluate for trainer.save_best.")] = False,
     nproc_per_node: Annotated[int | None, typer.Option(
         "--nproc-per-node", metavar="N", min=1, help="Check for N training processes on "

@@ -32,6 +32,12 @@ EXAMPLES: dict[str, list[str]] = {
         "embodichain export outputs/sl_ddp_cpu/last.pt model.pt",
         "embodichain export outputs/sl_ddp_cpu model_ema.pt --ema  # a run with trainer.ema",
     ],
+    "eval": [
+        "embodichain eval outputs/cartpole_bc  # its newest snapshot, the recipe's episodes",
+        "embodichain eval outputs/cartpole_bc/step_1500.pt --episodes 100 --seed 7 --videos 4 "
+        "--out eval_1500",
+        "embodichain eval outputs/cartpole_bc --nproc-per-node 4  # episodes over 4 workers",
+    ],
     "list-factories": [
         "embodichain list-factories",
         "embodichain list-factories | grep sl_ddp",

@@ -96,7 +96,7 @@ def train_sl(
                 raise UsageError(f"--resume {resume}: no such checkpoint file or run directory")
             print_recipe(recipe.resolved)
             return
-        _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
+        launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
             "train-sl", [("--config", config), ("--resume", resume), ("--set", overrides or []),
                          ("--init-from", init_from), ("--init-from-ema", init_from_ema),
                          ("--init-allow-missing", init_allow_missing),
@@ -152,7 +152,7 @@ def local_ranks(nproc_per_node: int | None) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
-def _launch_if_asked(nproc_per_node: int | None, max_restarts: int,
+def launch_if_asked(nproc_per_node: int | None, max_restarts: int,
                      worker_args: Callable[[], list[str]]) -> None:
     """Self-launch (R-LAUNCH-1): hand over to N workers running `worker_args()` (this command,
     rebuilt from its parsed values, without the launch options) and exit with the
@@ -199,7 +199,7 @@ def resume_run(
                                                           "output_dir": str(run_dir)}},
                             overrides or [], source=stored.source, warn=False,
                             local_ranks=nproc_per_node)
-        _launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
+        launch_if_asked(nproc_per_node, max_restarts, lambda: worker_command(
             "resume", [("--set", overrides or []), ("--no-progress", no_progress),
                        ("--debug", debug)], [str(run_dir)]))
         found = None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.common import child_pids as child_pids  # one /proc walk for both
@@ -108,3 +111,29 @@ def workers_output(output: str) -> str:
     """What the workers printed under torchrun: the output before torchrun's own failure
     report, which repeats each worker's message from its elastic error file (design §9)."""
     return output.split("Traceback (most recent call last):", 1)[0]
+
+
+def mark_then_wait_for_another(marker: Path, seconds: float = 2.0) -> None:
+    """Append this process's pid to `marker`, then wait up to `seconds` for a second process
+    to append too: two processes that nothing keeps apart both get here (both pids end up
+    in the file); behind a lock, the second comes only after the first is done."""
+    with marker.open("a") as f:
+        f.write(f"{os.getpid()}\n")
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and len(marker.read_text().split()) < 2:
+        time.sleep(0.02)
+
+
+def two_at_once(target: Callable[..., None], *args: object) -> list[object]:
+    """Run `target(*args, barrier, results)` in two forked processes that the barrier
+    releases together; what each put on `results`, once both exited 0."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    workers = [ctx.Process(target=target, args=(*args, barrier, results)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    got = [results.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(timeout=30)
+        assert w.exitcode == 0
+    return got

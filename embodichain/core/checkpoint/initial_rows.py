@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from embodichain.core.checkpoint import recut_exchange as exchange
-from embodichain.core.checkpoint.recut import file_sha256
 from embodichain.core.checkpoint.sharded import dim0_cut, local
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+from embodichain.core.file_hash import file_sha256
 
 
 def load_rows(model: nn.Module, names: Sequence[str], *, directory: str,

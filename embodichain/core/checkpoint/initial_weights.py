@@ -72,8 +72,8 @@ def read(spec: InitFrom) -> InitialWeights:
     """The catalogue of the weights `spec` names, verified (raises UsageError naming the
     file, exit 2). Nothing is kept in memory: tensors are only memory-mapped."""
     from embodichain.core.checkpoint.file import read_checkpoint
-    from embodichain.core.checkpoint.recut import file_sha256
     from embodichain.core.checkpoint.sharded import is_sharded_checkpoint
+    from embodichain.core.file_hash import file_sha256
 
     path = Path(spec.path)
     if path.is_dir():

@@ -31,7 +31,6 @@ rank, so every send meets its receive.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -45,34 +44,21 @@ from embodichain.core.checkpoint.sharded import (
     as_param_shard,
     dim0_cut,
     local,
+    payload_shards,
     shard_cuts,
 )
 from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
+from embodichain.core.file_hash import file_sha256
 
-CHUNK = 1 << 22  # bytes hashed per read: a bounded buffer, whatever the shard's size
 RUN_KEYS = ("step", "run_id", "world_size", "config_sha256")
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, streamed through one reused buffer."""
-    digest, buffer = hashlib.sha256(), bytearray(CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while count := f.readinto(buffer):
-            digest.update(view[:count])
-    return digest.hexdigest()
-
-
-def _table(payload: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-    return {int(r): dict(e) for r, e in payload["sharded"]["shards"].items()}
 
 
 def recut_refusal(payload: Mapping[str, Any]) -> str | None:
     """Why the sharded checkpoint `payload` cannot be re-cut for another world size (one
     line), or None when it can."""
-    table = _table(payload)
+    table = payload_shards(payload)
     old = [r for r, e in sorted(table.items()) if "cuts" not in e or "file_sha256" not in e]
     if old:
         return (f"its manifest does not record where each shard's rows lie (shards of rank(s) "
@@ -116,13 +102,13 @@ def restore_recut(model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any,
     old rank 0's own state (collective: every rank calls it)."""
     directory = Path(payload["sharded"][SHARD_DIRECTORY])
     world, rank = process_group.world_size(), process_group.rank()
-    where = f"the sharded checkpoint in {directory} ({len(_table(payload))} rank(s))"
+    where = f"the sharded checkpoint in {directory} ({len(payload_shards(payload))} rank(s))"
     refusal = recut_refusal(payload)  # the same payload on every rank: all refuse alike
-    if refusal is None and ema is not None and not _table(payload)[0]["cuts"]["ema"]:
+    if refusal is None and ema is not None and not payload_shards(payload)[0]["cuts"]["ema"]:
         refusal = "it holds no EMA weights (trained without trainer.ema)"
     if refusal is not None:
         raise CheckpointError(f"cannot continue {where} on {world} rank(s): {refusal}")
-    table = _table(payload)
+    table = payload_shards(payload)
     own = model.state_dict()
     refuse_other_tensors(own, table[0]["cuts"]["model"], where)
     params = [p for group in optimizer.param_groups for p in group["params"]]

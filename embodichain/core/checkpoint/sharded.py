@@ -242,7 +242,13 @@ def manifest_checkpoint(payload: dict[str, Any], shards: Mapping[int, Mapping[st
 
 
 def shard_table(data: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
-    return {int(r): dict(e) for r, e in data["payload"]["sharded"]["shards"].items()}
+    """Each rank's shard entry in manifest `data`, by rank."""
+    return payload_shards(data["payload"])
+
+
+def payload_shards(payload: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
+    """Each rank's shard entry in a manifest's payload, by rank."""
+    return {int(r): dict(e) for r, e in payload["sharded"]["shards"].items()}
 
 
 def read_shard(directory: Path, data: Mapping[str, Any], rank: int) -> dict[str, Any]:

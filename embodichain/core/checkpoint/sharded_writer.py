@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from embodichain.core.checkpoint.file import read_checkpoint, write_checkpoint
 from embodichain.core.checkpoint.names import BEST, LAST, step_files
-from embodichain.core.checkpoint.recut import file_sha256
 from embodichain.core.checkpoint.sharded import (
     SHARDS_DIR,
     is_sharded_checkpoint,
@@ -39,6 +38,7 @@ from embodichain.core.checkpoint.sharded import (
 )
 from embodichain.core.checkpoint.writer import SaveFailure, StagingArea, failure_reason
 from embodichain.core.errors import CheckpointError
+from embodichain.core.file_hash import file_sha256
 
 
 class ShardedSaveFailure(SaveFailure):

@@ -5,7 +5,7 @@ digest of a file is kept in a per-user cache directory (`cache_dir()`), under a 
 the file's real path, size, modification time (ns) and inode, and for a parquet table also
 a hash of its footer (the last 64 KiB or the whole footer if larger), so that a replaced
 file is never taken for the old one. The first process on a machine to ask hashes the file
-while every other one waits on a per-key file lock (`fcntl.flock`, not a collective: hashing
+while every other one waits on a per-key file lock (`NodeLock`, not a collective: hashing
 a terabyte must not run into a process group's timeouts), then reads the cached result;
 after a restart the digest comes from the cache. A cache that cannot be written is not
 kept: the file is hashed without it, with one warning per process. `computed_once` does the
@@ -14,7 +14,6 @@ same for any per-file result (the LeRobot reader's video checks). No torch here.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -23,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_CHUNK = 1 << 20
+from embodichain.core.data.node_lock import NodeLock
+from embodichain.core.file_hash import file_sha256
+
 FOOTER_BYTES = 64 << 10  # at least this much of a parquet file's tail goes into the key
 _MAX_FOOTER = 64 << 20
 _KEY_VERSION = 1
@@ -65,24 +66,15 @@ def cache_key(path: Path) -> str:
     return hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()
 
 
-def hash_file(path: Path) -> str:
-    """sha256 (hex) of every byte of the file."""
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(_CHUNK):
-            h.update(block)
-    return h.hexdigest()
-
-
 def file_digest(path: str | Path, *, cache: bool = True) -> str:
     """`sha256:<hex>` of the file's bytes, hashed at most once per machine (see the module
     docstring); `cache=False` hashes it now, reading and writing no cache."""
     path = Path(path)
     if not cache:
-        return f"sha256:{hash_file(path)}"
+        return f"sha256:{file_sha256(path)}"
     key = cache_key(path)
     record = computed_once("digests", key,
-                           lambda: {"sha256": hash_file(path), "path": os.path.realpath(path)},
+                           lambda: {"sha256": file_sha256(path), "path": os.path.realpath(path)},
                            valid=_is_digest, unchanged=lambda: cache_key(path) == key)
     return f"sha256:{record['sha256']}"
 
@@ -101,22 +93,19 @@ def computed_once(kind: str, key: str, compute: Callable[[], dict[str, Any]], *,
         return hit
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock = NodeLock(folder / f"{key}.lock")
     except OSError as exc:
         _warn_once(f"the cache {cache_dir()} cannot be written ({exc.strerror}): data files "
                    "are hashed and checked at every start (set EMBODICHAIN_CACHE_DIR to a "
                    "writable directory)")
         return compute()
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the others on this machine wait, then read it
+    with lock:  # the others on this machine wait, then read it
         if (hit := _read(entry, valid)) is not None:
             return hit
         record = compute()
         if unchanged():
             _write(entry, record)
         return record
-    finally:
-        os.close(lock)  # releases the lock
 
 
 def _is_digest(record: Any) -> bool:

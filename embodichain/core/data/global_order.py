@@ -62,10 +62,14 @@ class EpochDraw:
     def epoch_of(self, update: int) -> int:
         return update // self.updates_per_epoch
 
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """Epoch `epoch`'s order of the corpus (a weighted draw orders it otherwise)."""
+        return epoch_permutation(self.seed, epoch, self.corpus_size)
+
     def __call__(self, update: int) -> torch.Tensor:
         epoch, b = divmod(update, self.updates_per_epoch)
         if self._permutation is None or self._permutation[0] != epoch:
-            self._permutation = (epoch, epoch_permutation(self.seed, epoch, self.corpus_size))
+            self._permutation = (epoch, self.epoch_order(epoch))
         g = self.global_batch_size
         return self._permutation[1][b * g:(b + 1) * g]
 

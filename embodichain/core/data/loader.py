@@ -19,17 +19,21 @@ update, position in the global batch), never the rank: any world size augments a
 A failing `__getitem__` comes back as a value naming the example; a worker that dies is
 reported by torch (its SIGCHLD handler or its liveness check); both become a DataFailure
 (exit 1) on the rank that loads the batch (R-DATA-4). The other ranks then fail in the
-update's all-reduce, or are stopped by the launcher: none waits forever.
+update's all-reduce, or are stopped by the launcher: none waits forever. A stop signal is
+its rank's alone: data workers ignore it and end with their rank (worker_signals,
+R-PREEMPT-1).
 """
 
 from __future__ import annotations
 
+import atexit
 import copy
 import hashlib
 import multiprocessing
 import random
 import signal
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -40,6 +44,7 @@ from embodichain.core.data.global_order import GlobalOrderSampler
 from embodichain.core.data.micro_batches import Batch, MicroBatches, split_batch
 from embodichain.core.data.samplers import EpochSampler, Sampler
 from embodichain.core.data.source import Source
+from embodichain.core.data.worker_signals import end_left_over, started, starting_workers
 from embodichain.core.errors import DataFailure
 
 try:  # NumPy is optional; its global generator is seeded per example when importable.
@@ -252,10 +257,14 @@ class BatchLoader:
             # The workers' base seed from a generator of its own, not the global torch
             # stream: starting (or restarting) the loader leaves training streams alone.
             generator=torch.Generator().manual_seed(0),
+            # Stop signals are for the rank: its workers ignore them (R-PREEMPT-1).
+            worker_init_fn=started if workers > 0 else None,
         )
-        self._iterator = iter(loader)
+        with starting_workers():
+            self._iterator = iter(loader)
         self._consumed = self.sampler.batches_drawn
         if workers > 0:
+            _close_at_exit(self)
             self._wrap_sigchld()
 
     def _wrap_sigchld(self) -> None:
@@ -298,10 +307,34 @@ class BatchLoader:
             if threading.current_thread() is threading.main_thread() and \
                     signal.getsignal(signal.SIGCHLD) is ours:
                 signal.signal(signal.SIGCHLD, torch_handler)
+        _OPEN.discard(self)
         iterator, self._iterator = self._iterator, None
         shutdown = getattr(iterator, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()  # now, not whenever the iterator is collected
+            end_left_over(getattr(iterator, "_workers", ()))
+
+
+_OPEN: weakref.WeakSet[BatchLoader] = weakref.WeakSet()  # loaders whose workers may live
+_EXIT_HOOK = False  # whether _close_open_loaders is registered
+
+
+def _close_at_exit(loader: BatchLoader) -> None:
+    """Close `loader` at interpreter exit if nothing closed it before: its workers ignore
+    SIGTERM, with which Python's own exit ends (and then waits for) its children. Registered
+    once workers first start, after torch's and multiprocessing's exit hooks: it runs before
+    them (torch's would make the workers' shutdown a no-op)."""
+    global _EXIT_HOOK
+    if not _EXIT_HOOK:
+        atexit.register(_close_open_loaders)
+        _EXIT_HOOK = True
+    _OPEN.add(loader)
+
+
+def _close_open_loaders() -> None:
+    for loader in list(_OPEN):
+        loader.close()
+
 
 
 class InTurn(Sequence[Batch]):

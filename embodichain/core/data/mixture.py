@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ import torch
 from embodichain.core.data.dataset_source import DatasetSource, MapDataset
 from embodichain.core.data.global_order import EpochDraw, GlobalOrderSampler
 from embodichain.core.data.samplers import EpochSampler, epoch_permutation
+from embodichain.core.errors import DataFormatError
 
 
 def _seed(*parts: object) -> int:
@@ -132,14 +133,52 @@ def parts_of(source: object) -> Parts | None:
 
 
 class MixtureSource(DatasetSource):
-    """A `DatasetSource` whose examples come in parts (`parts`), sampled by weight."""
+    """A `DatasetSource` whose examples come in parts (`parts`), sampled by weight. Parts
+    whose examples would not batch together are refused when it is made
+    (`check_parts_batch`)."""
 
     def __init__(self, dataset: MapDataset, identity: str, parts: Parts) -> None:
         super().__init__(dataset, identity)
         if parts.total != len(self):
             raise ValueError(f"the mixture's parts hold {parts.total} examples, its dataset "
                              f"{len(self)}")
+        check_parts_batch(parts.names, [dataset[offset] for offset in parts.offsets])
         self.parts = parts
+
+
+def check_parts_batch(names: Sequence[str], examples: Sequence[Mapping[str, Any]], *,
+                      labels: Sequence[str] | None = None,
+                      missing_hint: Callable[[str], str] = lambda key: "") -> None:
+    """Refuse parts whose examples would not stack into one batch, comparing each part's
+    first example with the first part's, key by key: a key one part lacks, another shape or
+    another dtype (a float64 action beside a float32 one would stop the run at the first
+    batch mixing them, mid-way). A DataFormatError (exit 2) naming the key, both parts (as
+    `labels` describe them; default their names) and what each has; `missing_hint(key)`
+    ends the message about a missing key (how to map one)."""
+    label = dict(zip(names, labels or [repr(n) for n in names], strict=True))
+    first = _tensors(examples[0])
+    for name, example in zip(names[1:], examples[1:], strict=True):
+        other = _tensors(example)
+        odd = [k for k in first if k not in other] + [k for k in other if k not in first]
+        for key in odd[:1]:  # a key of the first part's it lacks, else one of its own
+            has, lacks = (names[0], name) if key in first else (name, names[0])
+            raise DataFormatError(f"mixture part {label[lacks]} has no {key!r}, which part "
+                                  f"{label[has]} has{missing_hint(key)}")
+        for key, a in first.items():
+            b = other[key]
+            if a.shape != b.shape or a.dtype != b.dtype:
+                raise DataFormatError(
+                    f"mixture parts {label[names[0]]} and {label[name]} would not batch: "
+                    f"{key!r} is {_described(a)} in {names[0]!r} and {_described(b)} in "
+                    f"{name!r}")
+
+
+def _tensors(example: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
+
+
+def _described(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
 
 
 # --- samplers (the weighted counterparts of samplers.py and global_order.py) -------------
@@ -212,12 +251,8 @@ class WeightedEpochDraw(EpochDraw):
         super().__init__(parts.total, global_batch_size, seed)
         self.parts = parts
 
-    def __call__(self, update: int) -> torch.Tensor:
-        epoch, b = divmod(update, self.updates_per_epoch)
-        if self._permutation is None or self._permutation[0] != epoch:
-            self._permutation = (epoch, self.parts.epoch_order(self.seed, epoch))
-        g = self.global_batch_size
-        return self._permutation[1][b * g:(b + 1) * g]
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        return self.parts.epoch_order(self.seed, epoch)
 
 
 class MixtureGlobalSampler(GlobalOrderSampler):

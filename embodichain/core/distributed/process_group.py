@@ -254,6 +254,16 @@ def gather_to_rank_zero(value: Any) -> list[Any] | None:
     return [_decode(t, int(s.item())) for t, s in zip(out, sizes, strict=True)]
 
 
+def sum_over_ranks(values: list[int]) -> list[int]:
+    """The element-wise sum of every rank's `values` (the same length on every rank), on
+    every rank; the values themselves in one process."""
+    if not is_distributed():
+        return list(values)
+    data = torch.tensor(values, dtype=torch.long, device=_object_device())
+    dist.all_reduce(data)
+    return [int(v) for v in data.tolist()]
+
+
 def waiting_for_others(what: str, on_rank_zero: bool = False
                        ) -> contextlib.AbstractContextManager[None]:
     """Mark a wait in training for `what` (e.g. "the other ranks in update 7"; `on_rank_zero`:

@@ -2,7 +2,10 @@
 
 The handler only records the request. The trainer sends it with the next update's
 statistics, which the update's own all-reduce sums, so every rank learns of a stop on any
-rank at the same update without an extra collective. A second SIGINT stops at once.
+rank at the same update without an extra collective. A second SIGINT stops at once, unless
+it comes within `SAME_STOP_S` of the first stop signal: that is the same Ctrl-C (or
+`scancel --signal=INT`) delivered twice, once to every process of the job and once more by
+a launcher or wrapper passing it on (R-PREEMPT-1).
 
 A signal cannot run a Python handler while the main thread is blocked in C++: a rendezvous
 waiting for a worker that never comes, or a collective waiting for a rank that hangs or was
@@ -38,6 +41,7 @@ FLAGS = {signal.SIGTERM: 1.0, signal.SIGINT: 4096.0}
 GRACE_S = 1.0  # before training: how long a stuck wait may still end by itself
 TRAINING_GRACE_S = 10.0  # an update's collectives: well above a healthy wait for a peer
 RANK_ZERO_GRACE_S = 25.0  # waits for rank 0's validation or save: longer, under torchrun's 30 s
+SAME_STOP_S = 1.0  # a SIGINT this soon after the first stop signal is that signal again
 POLL_S = 0.05  # how often the woken thread looks at the main thread, after a stop signal
 RUNNING_CPU_S = 0.001  # CPU time per look that shows the main thread running, not waiting
 _ACTIVE: StopRequest | None = None  # the installed request, for blocking_wait
@@ -65,6 +69,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self._since = 0.0  # time.monotonic() of the first stop signal
         self._previous: dict[int, Any] = {}
         self._waiting: Wait | None = None  # the main thread's marked wait, if any
         self._wakeup: tuple[int, int, int] | None = None  # read fd, write fd, previous fd
@@ -152,10 +157,11 @@ class StopRequest:
         os._exit(EXIT_CODES[signum])
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without a snapshot
+        now = time.monotonic()
         if self.signum is None:
-            self.signum = signum
+            self.signum, self._since = signum, now
+        elif signum == signal.SIGINT and now - self._since > SAME_STOP_S:
+            raise KeyboardInterrupt  # the second Ctrl-C: stop now, without a snapshot
 
     def __enter__(self) -> StopRequest:
         self.install()

@@ -34,26 +34,11 @@ from pydantic import (
     model_validator,
 )
 
+from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
+from embodichain.core.recipe.schema_base import SECTION_CONFIG, Section  # noqa: F401 (re-exported)
 from embodichain.core.recipe.strategy_limits import strategy_problems
-
-# Strict: YAML gives real types, so `batch_size: true` or `lr: "1e-3"` is a mistake, never a
-# value to coerce; and only finite numbers (`.inf` / `.nan` are YAML floats too). A field that
-# takes text for a non-text type (e.g. a Path) opts out with `Strict(False)`.
-SECTION_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, strict=True,
-                            allow_inf_nan=False)
-
-
-class Section(BaseModel):
-    """Base of every recipe section: unknown keys are errors, types are strict (no `true` for
-    a number, no `"32"` for an integer), numbers finite; assignments are re-validated.
-
-    Torch-free on purpose: schemas built on it can be validated without importing torch.
-    """
-
-    model_config = SECTION_CONFIG
-
 
 with warnings.catch_warnings():  # `validate` is the recipe's word; pydantic's own
     warnings.simplefilter("ignore")  # deprecated `BaseModel.validate` is not used here
@@ -246,6 +231,15 @@ class FrameworkConfig(Section):
     trainer: TrainerConfig
     optimizer: OptimizerConfig
     scheduler: SchedulerConfig | None = None
+    evaluation: EvaluationConfig | None = None
+    """Closed-loop episodes in a simulator at every validation (R-EVAL-1)."""
+
+    @model_validator(mode="after")
+    def _evaluation_fits(self) -> FrameworkConfig:
+        problems = evaluation_problems(self.evaluation, self.trainer.ema is not None)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _precision_fits_the_device(self) -> FrameworkConfig:
@@ -285,6 +279,8 @@ RESUMABLE_CHANGES = (
     # CUDA a run continued with another value is float-close to the uninterrupted one, no
     # longer bitwise (run.json's `resumed` event records the value each resume ran with).
     "trainer.deterministic",
+    # How the policy is judged in closed loop, not what is trained (R-EVAL-1).
+    "evaluation",
 )
 
 def is_resumable_change(key: str) -> bool:

@@ -19,6 +19,7 @@ from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
 from embodichain.core.errors import DataFailure, TrainingError
+from embodichain.core.evaluation.policy import MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
@@ -31,6 +32,12 @@ from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
 from embodichain.core.training.ema import validation_models
+from embodichain.core.training.evaluating import (
+    SUCCESS_RATE,
+    closed_loop_of,
+    record_closed_loop,
+    run_closed_loop,
+)
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
@@ -50,6 +57,10 @@ class SupervisedTrainer:
     `param_groups` (optional): `[{"params", "lr_scale", "weight_decay", "name"}, ...]`,
     parameter groups with their own learning-rate scale and weight decay (R-LOOP-3; see
     core/training/param_groups.py).
+    `policy` (with the recipe's `evaluation` section): `make_policy(model, device) ->
+    ClosedLoopPolicy`, judged in closed loop at every validation, on every rank;
+    `success(info, reward, terminated) -> bool` judges an episode (default
+    `info["is_success"]`; R-EVAL-1, docs/evaluation.md).
     """
 
     def __init__(
@@ -66,6 +77,8 @@ class SupervisedTrainer:
         param_groups: ParamGroups | None = None,
         best: Best | tuple[str, str] | None = None,
         shard_blocks: Sequence[nn.Module] = (),
+        policy: MakePolicy | None = None,
+        success: Success | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -73,8 +86,14 @@ class SupervisedTrainer:
         self.objective = objective
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
+        # R-EVAL-1: the recipe's evaluation section with the factory's policy; refused here
+        # (exit 2, before training) without a policy, or when the environment cannot be built.
+        self.closed_loop = closed_loop_of(config, policy, success)
+        if best is None and evaluate is None and self.closed_loop is not None:
+            best = SUCCESS_RATE  # a closed loop alone: its success rate, higher is better
         # R-MET-1: the recipe's trainer.best, else the factory's `best`, else validation/mse.
-        self.best = choose_best(config.trainer, best, evaluate is not None)
+        self.best = choose_best(config.trainer, best,
+                                evaluate is not None or self.closed_loop is not None)
         self.tracker = BestTracker(self.best)
         if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
             # `trainer.save_best: true`: keep best.pt by the best metric. Appended last, so
@@ -250,13 +269,19 @@ class SupervisedTrainer:
     def _validate(self, progress: ProgressReporter) -> None:
         """The strategy evaluates where it validates (DDP: rank 0; FSDP: every rank);
         rank 0 records, and its callbacks may `save()` (written as validation ends)."""
-        if self.evaluate is None:
+        if self.evaluate is None and self.closed_loop is None:
             return
         failure = None
         with self.checkpoints.validating(self):
+            # The closed loop first, on every rank (collective; a failure stops its rank).
+            closed = run_closed_loop(self) if self.closed_loop is not None else None
             try:
-                metrics = self.learner.strategy.validate(self._evaluate, self.step)
+                metrics = (self.learner.strategy.validate(self._evaluate, self.step)
+                           if self.evaluate is not None
+                           else {} if process_group.is_rank_zero() else None)
                 if metrics is not None:  # rank 0
+                    if closed is not None:
+                        metrics.update(record_closed_loop(self, closed))
                     self._record(metrics)
                     self._show_validation(progress, metrics)
                     early = self.config.trainer.early_stop

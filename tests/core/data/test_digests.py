@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +15,17 @@ from embodichain.core.data.digests import cache_dir, file_digest
 from embodichain.core.data.identity_records import describe_change, record_identity
 from embodichain.core.runs.resume_policy import resume_problems
 from tests.support.files import file_listing
+from tests.support.processes import mark_then_wait_for_another, two_at_once
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     hashed: list[Path] = []
-    real = digests.hash_file
+    real = digests.file_sha256
 
     def counted(path: Path) -> str:
         hashed.append(path)
         return real(path)
-    monkeypatch.setattr(digests, "hash_file", counted)
+    monkeypatch.setattr(digests, "file_sha256", counted)
     return hashed
 
 
@@ -91,6 +90,54 @@ def test_a_replaced_file_of_the_same_size_and_mtime_is_hashed_again(tmp_path: Pa
     assert file_digest(table) != old
 
 
+def test_a_same_size_rewrite_in_place_with_another_mtime_is_hashed_again(
+        tmp_path: Path, digest_cache: Path) -> None:
+    """Catches a cache key without the modification time (path, size and inode only): a file
+    rewritten in place (same inode) to the same size, its mtime moved on as any write moves
+    it, kept its old digest, so a resume over the changed data was accepted. The mtimes are
+    set explicitly, so the test does not depend on the file system's time resolution."""
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"a" * 4096)
+    os.utime(path, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    old = file_digest(path)
+    inode = path.stat().st_ino
+    with path.open("r+b") as f:  # in place: the same inode and size
+        f.write(b"b" * 4096)
+    os.utime(path, ns=(1_700_000_005_000_000_000, 1_700_000_005_000_000_000))
+    assert (path.stat().st_ino, path.stat().st_size) == (inode, 4096)
+    assert file_digest(path) == "sha256:" + hashlib.sha256(b"b" * 4096).hexdigest() != old
+
+
+def test_a_file_changed_while_it_is_hashed_records_no_digest(
+        tmp_path: Path, digest_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a digest recorded although the file changed while it was hashed (the check
+    after hashing left out): the file is rewritten in place while it is hashed (another
+    mtime), and later restored in place with its old bytes and mtime (`cp -p --inplace`),
+    which gives it its first cache key again. With the record kept, that key would give the
+    digest of the bytes read mid-change; nothing is recorded, and the restored file's
+    digest is its own."""
+    path = tmp_path / "a.bin"
+    original = b"a" * 4096
+    path.write_bytes(original)
+    stamp = (1_700_000_000_000_000_000, 1_700_000_000_000_000_000)
+    os.utime(path, ns=stamp)
+    real = digests.file_sha256
+
+    def changed_while_read(p: Path) -> str:
+        with path.open("r+b") as f:
+            f.write(b"b" * 4096)
+        os.utime(path, ns=(stamp[0] + 5 * 10**9, stamp[1] + 5 * 10**9))
+        return real(p)
+    monkeypatch.setattr(digests, "file_sha256", changed_while_read)
+    file_digest(path)
+    assert not list((digest_cache / "digests").rglob("*.json"))
+    monkeypatch.setattr(digests, "file_sha256", real)
+    with path.open("r+b") as f:
+        f.write(original)
+    os.utime(path, ns=stamp)
+    assert file_digest(path) == "sha256:" + hashlib.sha256(original).hexdigest()
+
+
 def _ask(path: str, barrier, results) -> None:
     barrier.wait(timeout=30)
     results.put(file_digest(path))
@@ -105,25 +152,13 @@ def test_two_processes_asking_at_once_hash_the_file_once(tmp_path: Path, digest_
     path = tmp_path / "big.bin"
     path.write_bytes(os.urandom(1 << 16))
     marker = tmp_path / "hashers"
-    real = digests.hash_file
+    real = digests.file_sha256
 
     def marked(p: Path) -> str:
-        with marker.open("a") as f:
-            f.write(f"{os.getpid()}\n")
-        deadline = time.monotonic() + 2.0  # long enough for the other to get here unlocked
-        while time.monotonic() < deadline and len(marker.read_text().split()) < 2:
-            time.sleep(0.02)
+        mark_then_wait_for_another(marker)
         return real(p)
-    monkeypatch.setattr(digests, "hash_file", marked)
-    ctx = multiprocessing.get_context("fork")
-    barrier, results = ctx.Barrier(2), ctx.Queue()
-    workers = [ctx.Process(target=_ask, args=(str(path), barrier, results)) for _ in range(2)]
-    for w in workers:
-        w.start()
-    got = [results.get(timeout=60) for _ in workers]
-    for w in workers:
-        w.join(timeout=30)
-        assert w.exitcode == 0
+    monkeypatch.setattr(digests, "file_sha256", marked)
+    got = two_at_once(_ask, str(path))
     assert got[0] == got[1] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     assert len(marker.read_text().split()) == 1, marker.read_text()
 

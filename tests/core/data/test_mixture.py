@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from embodichain.core.data.mixture import (
     MixtureGlobalSampler,
+    MixtureSource,
     Parts,
     WeightedReplacementSampler,
     mixture_global_sampler,
@@ -18,6 +20,7 @@ from embodichain.core.data.mixture import (
 )
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.data.source import TensorSource
+from embodichain.core.errors import DataFormatError
 from embodichain.core.training.batches import rank_sampler
 
 THREE_TO_ONE = Parts(("a", "b"), (63, 26), (3.0, 1.0))
@@ -107,3 +110,33 @@ def test_a_source_without_parts_keeps_its_uniform_sampler() -> None:
     sampler = rank_sampler(config, source)
     assert type(sampler) is ReplacementSampler
     assert torch.equal(sampler.next_indices(), ReplacementSampler(50, 8, 4, 0).next_indices())
+
+
+class _Concatenated:
+    def __init__(self, *parts: list[dict[str, torch.Tensor]]) -> None:
+        self.examples = [e for part in parts for e in part]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.examples[i]
+
+
+def test_a_mixture_source_refuses_parts_whose_dtypes_or_keys_differ() -> None:
+    """Catches a MixtureSource that compares shapes only (or nothing): part b's action in
+    float64 beside a's float32, the same shape, would stop the run at the first batch that
+    mixes them; it is refused when the source is made, a DataFormatError (exit 2) naming the
+    key, both parts and both dtypes. A key one part lacks is refused by name too."""
+    a = [{"action": torch.zeros(2), "index": torch.tensor(i)} for i in range(3)]
+    b = [{"action": torch.zeros(2, dtype=torch.float64), "index": torch.tensor(i)}
+         for i in range(2)]
+    parts = Parts(("a", "b"), (3, 2), (1.0, 1.0))
+    with pytest.raises(DataFormatError, match=r"'a' and 'b' would not batch: 'action' is "
+                                              r"float32 \[2\] in 'a' and float64 \[2\] in 'b'"):
+        MixtureSource(_Concatenated(a, b), "mix", parts)
+    lacking = [{"index": torch.tensor(i)} for i in range(2)]
+    with pytest.raises(DataFormatError, match=r"part 'b' has no 'action', which part 'a'"):
+        MixtureSource(_Concatenated(a, lacking), "mix", parts)
+    same = [{"action": torch.ones(2), "index": torch.tensor(i)} for i in range(2)]
+    assert MixtureSource(_Concatenated(a, same), "mix", parts).parts == parts

@@ -65,7 +65,10 @@ def _recipe(directory: Path, data: Path, template: Path | None = None, **trainer
                               "output_dir": str(directory / "run"), **trainer})
     recipe["model"] = {"channels": 8, "hidden": 32}
     recipe["data"].update(root=str(data), val_episodes=2)
-    recipe["validation"] = {"episodes": 2, "steps": 130, "max_examples": 32}
+    recipe["validation"] = {"max_examples": 32}
+    # 16 slots: the hand-written loop's batch (test_the_evaluation_acts_as_the_hand_...).
+    recipe["evaluation"].update(episodes=2, max_steps=130, envs_per_rank=16, videos=1)
+    recipe["evaluation"]["env"]["kwargs"] = {"size": 32, "render_size": 48}
     path = directory / "r.yaml"
     path.write_text(yaml.safe_dump(recipe))
     return path
@@ -111,10 +114,49 @@ def test_the_recipe_trains_and_validates_its_success_rate_closed_loop(reference:
     assert final["step"] == UPDATES and 0.0 <= final["validation/success_rate"] <= 1.0
     assert final["validation/expert_success_rate"] == 1.0
     assert "validation/action_mse" in final
+    films = sorted((reference / "evaluations" / f"update_{UPDATES:06d}").iterdir())
+    assert [f.name for f in films] == ["episode_0000.mp4"]
     run = json.loads((reference / "run.json").read_text())
     assert run["best"]["metric"] == "validation/success_rate" and run["best"]["mode"] == "max"
     weights = [r["train/weight"] for r in records if "train/weight" in r]
     assert weights and all(w <= 8 * 8 for w in weights)
+
+
+@pytest.mark.slow
+def test_the_evaluation_acts_as_the_hand_written_loop(reference: Path, tmp_path: Path) -> None:
+    """`embodichain eval` of the trained policy over 16 episodes (the gymnasium environment,
+    the policy's chunk execution, the evaluation's slots) against the batched loop it
+    replaced (`rollout.run_policy`), same weights and starts: every episode's success and
+    return (the sum of cos θ over the states acted on) are equal, bitwise. Catches an
+    environment that steps, renders or judges differently (a state off by one step, float32
+    physics, the success window), and a policy whose frame history or chunk execution
+    drifts from the reference."""
+    from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy
+    from embodichain_models.policies.cartpole_bc.rollout import evaluation_starts, run_policy
+
+    from embodichain.core.checkpoint.export import checkpoint_model
+    from embodichain.core.checkpoint.file import read_checkpoint
+
+    out = tmp_path / "eval"
+    _ok(cli("eval", str(reference / "last.pt"), "--episodes", "16", "--videos", "0",
+            "--out", str(out), "--no-progress", cwd=tmp_path))
+    found = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    checkpoint = reference / "last.pt"
+    state = checkpoint_model(checkpoint, read_checkpoint(checkpoint))
+    model = ChunkPolicy(2, 32, 8, 8, 32, torch.ones(3), torch.zeros(1), torch.ones(1))
+    model.load_state_dict(state)
+    model.eval()
+    params = CartPoleParams()
+    states = run_policy(model, evaluation_starts(16, 1000), 130, 2, 32, 1, params,
+                        torch.device("cpu"))
+    assert [r["success"] for r in found] == succeeded(states, params).tolist()
+    returns = []
+    for episode in torch.cos(states[..., 1]).tolist():  # summed in the evaluation's order
+        total = 0.0
+        for value in episode:
+            total += value
+        returns.append(total)
+    assert [r["return"] for r in found] == returns
 
 
 @pytest.mark.slow  # a few seconds: kept out of the quick loop

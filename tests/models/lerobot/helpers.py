@@ -74,18 +74,19 @@ MIXTURE_RENAME = {"state": "observation.state", "act": "action", "cam": "observa
 
 
 def mixture_parts(root: Path, *, b_action: int = 2, b_image: int = 8,
-                  b_state_key: str = "state") -> tuple[Path, Path]:
+                  b_state_key: str = "state", b_action_dtype: str = "float32"
+                  ) -> tuple[Path, Path]:
     """Two small datasets to mix: A at 30 fps (`observation.state` [3], `action` [2], video
     `observation.images.top` 8x8; 3 episodes, task "pick") and B at 15 fps under other
     names (`state`, `act`, video `cam`; 2 episodes, tasks "place" then "pick"), B's action
-    size, image size and state key changeable to make parts that do not mix."""
+    size, action dtype, image size and state key changeable to make parts that do not mix."""
     rng = np.random.default_rng(7)
 
     def episodes(lengths: list[int], tasks: list[str], keys: tuple[str, str, str],
-                 action: int, image: int) -> list[EpisodeData]:
+                 action: int, image: int, dtype: str = "float32") -> list[EpisodeData]:
         return [EpisodeData(task, {
             keys[0]: rng.normal(size=(n, 3)).astype(np.float32),
-            keys[1]: rng.normal(2.0, 3.0, size=(n, action)).astype(np.float32),
+            keys[1]: rng.normal(2.0, 3.0, size=(n, action)).astype(dtype),
             keys[2]: rng.integers(0, 256, (n, image, image, 3), dtype=np.uint8)})
             for n, task in zip(lengths, tasks, strict=True)]
 
@@ -95,9 +96,9 @@ def mixture_parts(root: Path, *, b_action: int = 2, b_image: int = 8,
                        a_keys[2]: feature("video", (8, 8, 3))}, 30)
     b_keys = (b_state_key, "act", "cam")
     b = write_dataset(root / "b", episodes([12, 14], ["place", "pick"], b_keys, b_action,
-                                           b_image),
+                                           b_image, b_action_dtype),
                       {b_keys[0]: feature("float32", (3,)),
-                       b_keys[1]: feature("float32", (b_action,)),
+                       b_keys[1]: feature(b_action_dtype, (b_action,)),
                        b_keys[2]: feature("video", (b_image, b_image, 3))}, 15)
     return a, b
 

@@ -94,7 +94,9 @@ def test_an_unused_camera_damaged_does_not_stop_the_cart_pole_recipe(tmp_path: P
                               "output_dir": str(tmp_path / "run")})
     recipe["model"] = {"channels": 4, "hidden": 16}
     recipe["data"].update(root=str(data), val_episodes=1)
-    recipe["validation"] = {"episodes": 1, "steps": 20, "max_examples": 8}
+    recipe["validation"] = {"max_examples": 8}
+    recipe["evaluation"].update(episodes=1, max_steps=20, envs_per_rank=1, videos=0)
+    recipe["evaluation"]["env"]["kwargs"] = {"size": 32}
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     proc: subprocess.CompletedProcess[str] = run_cli(
         "train-sl", "--config", str(tmp_path / "r.yaml"), "--no-progress", cwd=tmp_path,

@@ -110,6 +110,20 @@ def test_parts_that_would_not_batch_are_refused_by_name(change: dict, key: str,
                         names=["a", "b"])
 
 
+def test_parts_whose_dtypes_differ_are_refused_naming_the_key_and_both_dtypes(
+        tmp_path: Path) -> None:
+    """Catches a mixture that compares shapes only: B's actions stored as float64 (A's are
+    float32) have the same shape, and the run would die at the first batch mixing them; the
+    mixture is refused when opened, naming the key, both parts and both dtypes, as a
+    LeRobotFormatError (a DataFormatError: exit 2 from a factory)."""
+    a, b = mixture_parts(tmp_path, b_action_dtype="float64")
+    with pytest.raises(LeRobotFormatError,
+                       match=r"'a' \(.*a\) and 'b' \(.*b\) would not batch: 'action' is "
+                             r"float32 \[2\] in 'a' and float64 \[2\] in 'b'"):
+        lerobot_mixture([(a, 3), (lerobot_source(b, rename=MIXTURE_RENAME), 1)],
+                        names=["a", "b"])
+
+
 def test_a_window_that_is_not_whole_frames_at_a_parts_fps_is_refused_naming_it(
         parts, tmp_path: Path) -> None:
     """Catches windows converted by the first part's fps only: 1/30 s is a whole frame at

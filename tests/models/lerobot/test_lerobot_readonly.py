@@ -52,7 +52,9 @@ def bc(tmp_path_factory: pytest.TempPathFactory) -> Path:
                               "output_dir": str(root / "run")})
     recipe["model"] = {"channels": 4, "hidden": 8}
     recipe["data"].update(root=str(data), val_episodes=1)
-    recipe["validation"] = {"episodes": 1, "steps": 5, "max_examples": 4}
+    recipe["validation"] = {"max_examples": 4}
+    recipe["evaluation"].update(episodes=1, max_steps=5, envs_per_rank=1, videos=0)
+    recipe["evaluation"]["env"]["kwargs"] = {"size": 32}
     (root / "r.yaml").write_text(yaml.safe_dump(recipe))
     return root
 
@@ -87,15 +89,27 @@ def test_the_recipe_trains_from_a_read_only_dataset_and_writes_nothing_into_it(
     assert list((tmp_path / "digests").rglob("*.json"))
 
 
-def test_validate_config_build_writes_nothing_into_the_dataset(bc: Path, tmp_path: Path
-                                                              ) -> None:
-    """Catches `validate-config --build` (documented as writing nothing) caching digests
-    into the dataset: its listing with sizes, mtimes and inodes is the same after."""
+@pytest.mark.parametrize("command", [["validate-config", "--build"],
+                                     ["check-data", "--no-progress"]])
+def test_validate_config_build_and_check_data_write_only_the_per_user_caches(
+        command: list[str], bc: Path, tmp_path: Path) -> None:
+    """Catches `validate-config --build` or `check-data` writing into the dataset (digests
+    cached beside its files), into a run directory (the recipe's output_dir created, or a
+    run.json), or anywhere but the per-user caches they are documented to fill (digests,
+    identities, video checks, the table copy: docs/commands.md): the dataset's listing with
+    sizes, mtimes and inodes is the same after, the output directory does not exist, the
+    working directory holds only the cache, and the cache only its documented folders."""
     data = bc / "data"
     before = _listing(data)
-    proc = subprocess.run([sys.executable, "-m", "embodichain", "validate-config",
-                           str(bc / "r.yaml"), "--build"], cwd=tmp_path,
-                          env=_env(tmp_path / "cache"), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    output = tmp_path / "would-be-run"
+    proc = subprocess.run([sys.executable, "-m", "embodichain", command[0], str(bc / "r.yaml"),
+                           *command[1:], "--set", f"trainer.output_dir={output}"],
+                          cwd=tmp_path, env=_env(tmp_path / "cache"), capture_output=True,
+                          text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert _listing(data) == before
+    assert not output.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["cache"]
+    assert {p.name for p in (tmp_path / "cache").iterdir()} <= {
+        "digests", "identities", "lerobot", "lerobot-video-checks"}
+    assert list((tmp_path / "cache/lerobot").glob("*/manifest.json"))

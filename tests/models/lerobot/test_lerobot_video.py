@@ -80,6 +80,40 @@ def test_frames_equal_a_plain_decode_from_the_start_bitwise(layout: str,
             assert np.array_equal(got[k], reference[i]), (layout, wanted, k)
 
 
+class _ReformatterBefore17:
+    """PyAV's converter as PyAV 14-16 has it: `reformat` without `threads`."""
+
+    real = None  # PyAV's own class, set before it is replaced
+
+    def __init__(self) -> None:
+        self.inner, self.calls = self.real(), 0
+
+    def reformat(self, frame, format=None, **options):  # noqa: A002 (PyAV's name)
+        if "threads" in options:
+            raise TypeError("reformat() got an unexpected keyword argument 'threads'")
+        self.calls += 1
+        return self.inner.reformat(frame, format=format, **options)
+
+
+def test_frames_decode_with_a_pyav_whose_converter_takes_no_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches a reader that passes `threads=` to PyAV's converter unconditionally: PyAV
+    added it in 17 and the plugin declares av>=14, so with av 15 (what lerobot 0.6.1
+    installs) every decode raised TypeError. Under a converter without it, the frames are
+    those of a plain decode. (CI also runs the LeRobot tests with the lowest declared av.)"""
+    from av.video import reformatter
+
+    path = tmp_path / "v.mp4"
+    encode_video(path, _clip(6), FPS)
+    _, reference = _all_frames(path)
+    monkeypatch.setattr(_ReformatterBefore17, "real", reformatter.VideoReformatter)
+    monkeypatch.setattr(reformatter, "VideoReformatter", _ReformatterBefore17)
+    videos = VideoFrames(tolerance_s=1e-4)
+    got = videos.frames(path, [1 / FPS, 4 / FPS], 0, [1, 4])
+    assert np.array_equal(got[0], reference[1]) and np.array_equal(got[1], reference[4])
+    assert videos._rgb.calls == 2
+
+
 class _Frames:
     """Decodes frame i of one video; gives the decoder's thread count."""
 

@@ -32,6 +32,13 @@ class MetricLogger(Protocol):
     def close(self) -> None: ...
 
 
+class VideoLogger(Protocol):
+    """A logger that also shows videos (optional): `video(tag, path, mp4, fps, step)`, the
+    film of an evaluation's episode (R-EVAL-1), as a file and as its bytes."""
+
+    def video(self, tag: str, path: Path, mp4: bytes, fps: int, step: int) -> None: ...
+
+
 def _wanted(loggers: Sequence[str]) -> list[str]:
     return [name for name in dict.fromkeys(loggers) if name != "jsonl"]
 
@@ -101,6 +108,24 @@ class LoggingMetricsWriter(MetricsWriter):
         super().write(record)  # the record first: it must never miss a line
         for logger in self._loggers:
             logger.write(record)
+
+    def write_videos(self, step: int, films: Mapping[str, tuple[Path, bytes]], fps: int
+                     ) -> None:
+        """Hand the films of an evaluation (`{tag: (mp4 path, its bytes)}`) to every logger
+        that shows videos; a logger that fails is warned about, never fails the run."""
+        import logging
+
+        for logger in self._loggers:
+            show = getattr(logger, "video", None)
+            if show is None:
+                continue
+            for tag, (path, data) in films.items():
+                try:
+                    show(tag, path, data, fps, step)
+                except Exception as exc:
+                    logging.getLogger("embodichain").warning(
+                        "warning: %s could not show the video %s: %s: %s",
+                        type(logger).__name__, path, type(exc).__name__, exc)
 
     def sync(self) -> None:
         super().sync()

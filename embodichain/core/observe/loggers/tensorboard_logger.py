@@ -45,6 +45,19 @@ class TensorBoardLogger:
             if key != "step" and isinstance(value, int | float) and not isinstance(value, bool):
                 self._writer.add_scalar(key, value, global_step=step)
 
+    def video(self, tag: str, path: Path, mp4: bytes, fps: int, step: int) -> None:
+        """An evaluation's film as an animated GIF (what TensorBoard plays), encoded with
+        PyAV (torch's add_video would need moviepy)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        from embodichain.core.evaluation.video import gif
+
+        data, height, width = gif(mp4, fps)
+        image = Summary.Image(height=height, width=width, colorspace=3,
+                              encoded_image_string=data)
+        self._writer._get_file_writer().add_summary(
+            Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
     def sync(self) -> None:
         self._writer.flush()
 

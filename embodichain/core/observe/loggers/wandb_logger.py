@@ -72,6 +72,14 @@ class WandbLogger:
                 self._steps.flush()
                 self._last = step
 
+    def video(self, tag: str, path: Path, mp4: bytes, fps: int, step: int) -> None:
+        """An evaluation's film (the mp4 file under the run directory)."""
+        import wandb
+
+        if self.floor is not None and step <= self.floor:
+            return  # an earlier process sent this step
+        self.run.log({tag: wandb.Video(str(path), format="mp4")}, step=step)
+
     def sync(self) -> None:
         self._steps.flush()
 

@@ -79,6 +79,9 @@ class Strategy(ABC):
     name: str  # the value of `trainer.strategy`
     # What its checkpoints keep beside their file, as resume-time checks ask it (formats.py)
     checkpoint_format: CheckpointFormat = SINGLE_FILE
+    # Whether a forward of the model is a collective (every rank must run it together):
+    # the closed-loop evaluation then steps every rank in lockstep (R-EVAL-2).
+    collective_forward: bool = False
 
     def __init__(self, device: torch.device, precision: str,
                  options: SpreadOptions | None = None) -> None:

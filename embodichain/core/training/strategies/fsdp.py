@@ -68,6 +68,7 @@ class FsdpStrategy(Strategy):
 
     name = "fsdp"
     checkpoint_format = SHARDED
+    collective_forward = True  # each block all-gathers its parameters
 
     def __init__(self, device: torch.device, precision: str,
                  options: SpreadOptions | None = None) -> None:

@@ -1,8 +1,8 @@
-"""The two ways a LeRobot dataset is refused."""
+"""The ways a LeRobot dataset is refused, and a table cache without room."""
 
 from __future__ import annotations
 
-from embodichain.core.errors import DataFormatError
+from embodichain.core.errors import DataFormatError, UsageError
 
 
 class LeRobotFormatError(DataFormatError, ValueError):
@@ -18,3 +18,10 @@ class LeRobotFormatError(DataFormatError, ValueError):
 class LeRobotDecodeError(RuntimeError):
     """An example could not be loaded (found in `__getitem__`): names the episode, the frame
     and the file."""
+
+
+class CacheSpaceError(UsageError):
+    """The node's table cache has no room for a selection's columns (found before they are
+    copied, or when the disk fills while copying): names the cache directory, the bytes
+    needed and how to point the cache elsewhere. Exit 2: a restart would meet the same full
+    disk, so `--max-restarts` does not retry it."""

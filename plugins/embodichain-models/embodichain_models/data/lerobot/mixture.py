@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodichain.core.errors import DataFormatError
 from embodichain_models.data.lerobot.errors import LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import aggregate_stats
 from embodichain_models.data.lerobot.renamed import normalized_keys, reader_of, stats_of
@@ -110,34 +111,20 @@ def pooled_normalization(names: Sequence[str], datasets: Sequence[Any],
 
 
 def check_batchable(names: Sequence[str], datasets: Sequence[Any]) -> None:
-    """Refuse parts whose examples would not stack: the first example of each part against
-    the first part's, key by key (names the key, both parts, shapes and dtypes)."""
-    first = _tensors(datasets[0][0])
-    label = {n: f"{n!r} ({reader_of(d)[0].root})" for n, d in zip(names, datasets, strict=True)}
-    for name, dataset in zip(names[1:], datasets[1:], strict=True):
-        other = _tensors(dataset[0])
-        odd = [k for k in first if k not in other] + [k for k in other if k not in first]
-        for key in odd[:1]:  # a key of the first part's it lacks, else one of its own
-            has, lacks = (names[0], name) if key in first else (name, names[0])
-            raise LeRobotFormatError(
-                f"mixture part {label[lacks]} has no {key!r}, which part {label[has]} has: "
-                f"map one of its keys to it with lerobot_source(root, rename={{their_key: "
-                f"{key!r}}}), or leave the key out with features=[...]")
-        for key in first:
-            a, b = first[key], other[key]
-            if a.shape != b.shape or a.dtype != b.dtype:
-                raise LeRobotFormatError(
-                    f"mixture parts {label[names[0]]} and {label[name]} would not batch: "
-                    f"{key!r} is {_described(a)} in {names[0]!r} and {_described(b)} in "
-                    f"{name!r}")
+    """Refuse parts whose examples would not stack (`check_parts_batch`: the first example
+    of each part against the first part's, naming the key, both parts with their roots,
+    shapes and dtypes), before their statistics are pooled; a LeRobotFormatError."""
+    from embodichain.core.data.mixture import check_parts_batch
 
-
-def _tensors(example: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in example.items() if isinstance(v, torch.Tensor)}
-
-
-def _described(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)}"
+    labels = [f"{n!r} ({reader_of(d)[0].root})" for n, d in zip(names, datasets, strict=True)]
+    try:
+        check_parts_batch(names, [dataset[0] for dataset in datasets], labels=labels,
+                          missing_hint=lambda key: (
+                              f": map one of its keys to it with lerobot_source(root, "
+                              f"rename={{their_key: {key!r}}}), or leave the key out with "
+                              "features=[...]"))
+    except DataFormatError as exc:
+        raise LeRobotFormatError(str(exc)) from None
 
 
 def part_names(parts: Sequence[Any], names: Sequence[str] | None) -> list[str]:

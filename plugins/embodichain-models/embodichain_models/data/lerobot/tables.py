@@ -13,6 +13,7 @@ row group (memory bounded by a file's numeric columns and one batch of images).
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import defaultdict
 from dataclasses import dataclass
@@ -21,9 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from embodichain_models.data.lerobot.errors import LeRobotFormatError
+from embodichain_models.data.lerobot.errors import CacheSpaceError, LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import Episode, LeRobotMeta, parquet_columns
-from embodichain_models.data.lerobot.node_cache import column_file, locked_entry, temporary
+from embodichain_models.data.lerobot.node_cache import (
+    column_file,
+    locked_entry,
+    space_refusal,
+    temporary,
+)
 
 _BATCH_ROWS = 64  # image rows read at a time while the cache is built
 _NPY, _BYTES, _SPANS = ".npy", ".bytes", ".spans.npy"
@@ -51,6 +57,7 @@ class Tables:
     columns: dict[str, np.ndarray]
     images: dict[str, ImageBytes]
     data_files: list[Path]
+    in_use: object | None = None  # keeps the cache entry from being removed while mapped
 
     def __len__(self) -> int:
         return len(self.columns["index"])
@@ -73,18 +80,25 @@ def read_tables(meta: LeRobotMeta, episodes: list[Episode], keys: list[str] | No
                                  "episode_index", "index", "task_index"]))
     images = [k for k in wanted if k in meta.image_keys]
     layout = [[e.index, e.start, e.length, e.data_file] for e in episodes]
-    with locked_entry(files, layout) as (folder, _):
+    with locked_entry(files, layout) as entry:
+        folder = entry.folder
         missing = [k for k in wanted if not column_file(
             folder, k, _BYTES if k in images else _NPY).is_file()]
         if missing:
             import pyarrow as pa
 
+            needed = copy_size(meta, by_file, missing, images)
+            entry.make_room(needed)
             # The system allocator returns a row group's large buffers to the OS when they
             # are freed; the default (jemalloc/mimalloc) keeps them for this process's life.
             pool = pa.default_memory_pool()
             pa.set_memory_pool(pa.system_memory_pool())
             try:
                 _build(meta, episodes, by_file, missing, images, folder)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                raise CacheSpaceError(space_refusal(folder, needed, None)) from None
             finally:
                 pa.set_memory_pool(pool)
         return Tables(columns={k: _map(column_file(folder, k, _NPY))
@@ -92,7 +106,32 @@ def read_tables(meta: LeRobotMeta, episodes: list[Episode], keys: list[str] | No
                       images={k: ImageBytes(_map_bytes(column_file(folder, k, _BYTES)),
                                             _map(column_file(folder, k, _SPANS)))
                               for k in images},
-                      data_files=files)
+                      data_files=files, in_use=entry.in_use)
+
+
+def copy_size(meta: LeRobotMeta, by_file: dict[str, list[Episode]], keys: list[str],
+              images: list[str]) -> int:
+    """About the bytes the cache takes for `keys` of the selected rows: each column's
+    uncompressed size in the parquet footers, in proportion to the rows selected from each
+    file, plus the image spans (16 bytes a row)."""
+    import pyarrow.parquet as pq
+
+    total = 0
+    for name, members in by_file.items():
+        path = meta.root / name
+        footer = _guard(path, lambda p=path: pq.ParquetFile(p).metadata)
+        if not footer.num_rows:
+            continue
+        share = sum(e.length for e in members) / footer.num_rows
+        for group in range(footer.num_row_groups):
+            row_group = footer.row_group(group)
+            for j in range(row_group.num_columns):
+                column = row_group.column(j)
+                top = column.path_in_schema
+                if any(top == k or top.startswith(f"{k}.") for k in keys):
+                    total += int(column.total_uncompressed_size * share)
+    rows = sum(e.length for members in by_file.values() for e in members)
+    return total + 16 * rows * sum(k in images for k in keys)
 
 
 def _map(path: Path) -> np.ndarray:
@@ -141,9 +180,10 @@ def _build(meta: LeRobotMeta, episodes: list[Episode], by_file: dict[str, list[E
             for key in numeric:
                 values = _as_numpy(table.column(key), path, key)
                 if key not in arrays:
+                    target = temporary(column_file(folder, key, _NPY))
                     arrays[key] = np.lib.format.open_memmap(
-                        temporary(column_file(folder, key, _NPY)), mode="w+",
-                        dtype=values.dtype, shape=(at, *values.shape[1:]))
+                        target, mode="w+", dtype=values.dtype, shape=(at, *values.shape[1:]))
+                    _reserve(target)
                 arrays[key][destination[chosen]] = values[chosen]
             del table
             for writer in writers.values():
@@ -158,6 +198,19 @@ def _build(meta: LeRobotMeta, episodes: list[Episode], by_file: dict[str, list[E
             temporary(column_file(folder, key, _NPY)).unlink(missing_ok=True)
         for writer in writers.values():
             writer.discard()
+
+
+def _reserve(path: Path) -> None:
+    """Allocate a memory-mapped file's blocks now: a full disk is then an OSError (ENOSPC)
+    here, not a SIGBUS at the first write to a page the disk has no room for."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # the file system cannot
+            raise
+    finally:
+        os.close(fd)
 
 
 def _check(path: Path, episode: Episode, rows: np.ndarray, index: np.ndarray) -> None:

@@ -97,10 +97,12 @@ class VideoFrames:
         self._containers: OrderedDict[Path, object] = OrderedDict()
         self._pid = os.getpid()
         self._rgb = None  # one colour converter for every frame (see `_to_rgb`)
+        self._rgb_threads = True  # whether this PyAV's converter takes `threads` (17 on)
 
     def __getstate__(self) -> dict:
         return {"tolerance_s": self.tolerance_s, "_containers": OrderedDict(),
-                "_pid": None, "_rgb": None}  # never pickle an open container
+                "_pid": None, "_rgb": None,
+                "_rgb_threads": self._rgb_threads}  # never pickle an open container
 
     def _to_rgb(self, frame) -> np.ndarray:
         """uint8 `[H, W, 3]`, exactly `frame.to_ndarray(format="rgb24")`.
@@ -109,13 +111,22 @@ class VideoFrames:
         thread pool (one thread per core): set up for every frame decoded, that cost more
         than converting a 224x224 frame, and the threads contend with the workers'. One
         single-threaded converter per process (made after a fork: a thread pool does not
-        survive one) reuses its context while the size and format stay the same.
+        survive one) reuses its context while the size and format stay the same. PyAV
+        before 17 has no `threads` argument (nor a thread pool in its converter): there the
+        converter is called without it.
         """
         if self._rgb is None:  # reset after a fork by `_container`
             from av.video.reformatter import VideoReformatter
 
             self._rgb = VideoReformatter()
-        return self._rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
+        if self._rgb_threads:
+            try:
+                return self._rgb.reformat(frame, format="rgb24", threads=1).to_ndarray()
+            except TypeError as exc:
+                if "threads" not in str(exc):
+                    raise
+                self._rgb_threads = False  # PyAV < 17
+        return self._rgb.reformat(frame, format="rgb24").to_ndarray()
 
     def _container(self, path: Path):
         import av

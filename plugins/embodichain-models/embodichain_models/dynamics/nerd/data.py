@@ -2,17 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 import torch
 
 from embodichain_models.dynamics.nerd.model import state_delta
-
-
-def file_sha256(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def normalization_stats(states: torch.Tensor, actions: torch.Tensor,

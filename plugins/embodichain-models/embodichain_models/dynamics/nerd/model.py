@@ -157,3 +157,36 @@ class NerdTransformer(nn.Module):
         """Next raw state `[B, 4]` after the last step of the given history."""
         delta = self.denormalize_target(self(states, actions)[:, -1].float())
         return apply_delta(states[:, -1], delta)
+
+    def deployable(self) -> nn.Module:
+        """What is deployed: a learned simulator step, `(states [B, window, 4], actions
+        [B, window, 2]) -> next state [B, 4]` in raw units (normalisation inside)."""
+        return NerdStep(self)
+
+    def interface(self) -> dict:
+        """The simulator step's inputs (a full history window) and output."""
+        w = self.cfg.window
+        return {
+            "kind": "simulator_step",
+            "observations": {
+                "states": {"shape": [w, STATE_DIM], "dtype": "float32", "meaning":
+                           f"the last {w} states [x (m), theta (rad, 0 upright), x_dot (m/s), "
+                           "theta_dot (rad/s)], oldest first"},
+                "actions": {"shape": [w, ACTION_DIM], "dtype": "float32", "meaning":
+                            f"the actions [cart force (N), pole torque (N m)] applied at those "
+                            f"{w} states"}},
+            "action": {"key": "next_state", "shape": [STATE_DIM], "dtype": "float32",
+                       "meaning": "the state one frame after the last one (theta wrapped "
+                                  "into [-pi, pi))"}}
+
+
+class NerdStep(nn.Module):
+    """The NeRD model as a learned simulator step (its deployable forward)."""
+
+    def __init__(self, model: NerdTransformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, states: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        delta = self.model.denormalize_target(self.model(states, actions)[:, -1].float())
+        return apply_delta(states[:, -1], delta)

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from embodichain.core.file_hash import file_sha256
 from embodichain.learning.sl import LossResult, SupervisedTrainer, UsageError
-from embodichain_models.dynamics.nerd.data import WindowSource, file_sha256, normalization_stats
+from embodichain_models.dynamics.nerd.data import WindowSource, normalization_stats
 from embodichain_models.dynamics.nerd.evaluation import RolloutEvaluator
 from embodichain_models.dynamics.nerd.model import STATE_DIM, NerdModelConfig, NerdTransformer
 from embodichain_models.dynamics.nerd.physics import STATE_NAMES

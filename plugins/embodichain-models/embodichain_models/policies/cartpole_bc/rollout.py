@@ -1,10 +1,11 @@
-"""Closed-loop validation: the policy drives the simulated cart-pole from the camera.
+"""The cart-pole closed loop written out by hand, batched over episodes: the expert's success
+rate from the evaluation's starts (reported beside the policy's), and the policy's loop as
+it ran before it moved onto embodichain's evaluation (`env.CartPoleSwingUp` with
+`policy.ChunkExecution`), kept as the reference that the evaluation's outcomes are checked
+against, episode by episode (tests/models/cartpole_bc).
 
-From `episodes` hanging starts (their own seed, not the demonstrations'), the policy sees
-the rendered frames (the last `frames` ones, the first repeated at the start as the
-dataset pads) and the state, predicts a chunk and the first `execute` forces are applied
-before it looks again. `validation/success_rate` is the fraction of episodes upright for
-the last two seconds; the expert's rate from the same starts is reported beside it.
+Episode e of an evaluation with seed s starts from `initial_states(1, s + e)`, as the
+environment's `reset(seed=s + e)` does.
 """
 
 from __future__ import annotations
@@ -22,12 +23,24 @@ from embodichain_models.policies.cartpole_bc.task import (
 )
 
 
+def evaluation_starts(episodes: int, seed: int) -> torch.Tensor:
+    """float64 `[episodes, 4]`: the starts of episodes 0..episodes-1 of an evaluation."""
+    return torch.cat([initial_states(1, seed + e) for e in range(episodes)])
+
+
 def run_expert(starts: torch.Tensor, steps: int, params: CartPoleParams) -> torch.Tensor:
     expert, state, states = Expert(params), starts, []
     for _ in range(steps):
         states.append(state)
         state = control_step(state, expert(state), params)
     return torch.stack(states, 1)
+
+
+def expert_success_rate(episodes: int, seed: int, steps: int) -> float:
+    """The expert's success rate from the evaluation's starts."""
+    params = CartPoleParams()
+    states = run_expert(evaluation_starts(episodes, seed), steps, params)
+    return succeeded(states, params).double().mean().item()
 
 
 @torch.no_grad()
@@ -49,26 +62,3 @@ def run_policy(policy: torch.nn.Module, starts: torch.Tensor, steps: int, frames
         force = plan[:, t % execute].to(torch.float64).clamp(-MAX_FORCE, MAX_FORCE)
         state = control_step(state, force, params)
     return torch.stack(states, 1)
-
-
-class ClosedLoop:
-    """`evaluate(model, device)`: the success rates of the policy and of the expert."""
-
-    def __init__(self, episodes: int, steps: int, seed: int, frames: int, size: int,
-                 execute: int) -> None:
-        self.params = CartPoleParams()
-        self.starts = initial_states(episodes, seed)
-        self.steps, self.frames, self.size, self.execute = steps, frames, size, execute
-        self._expert_rate: float | None = None
-
-    def __call__(self, model: torch.nn.Module, device: torch.device) -> dict[str, float]:
-        if self._expert_rate is None:
-            expert = run_expert(self.starts, self.steps, self.params)
-            self._expert_rate = succeeded(expert, self.params).double().mean().item()
-        policy = getattr(model, "module", model)
-        states = run_policy(policy, self.starts, self.steps, self.frames, self.size,
-                            self.execute, self.params, device)
-        final = states[:, -1]
-        return {"validation/success_rate": succeeded(states, self.params).double().mean().item(),
-                "validation/expert_success_rate": self._expert_rate,
-                "validation/final_abs_theta": final[:, 1].abs().mean().item()}

@@ -89,12 +89,9 @@ class DataSection(Section):
 
 
 class ValidationSection(Section):
-    episodes: PositiveInt = 16
-    """Closed-loop episodes in the simulator."""
-    steps: PositiveInt = 180
-    """Control steps per episode (30 per second)."""
-    seed: int = 1000
-    """Seed of their initial states (the demonstrations use others)."""
+    """The held-out action error, and how the policy acts in closed loop (the episodes
+    themselves: the recipe's `evaluation` section)."""
+
     execute: PositiveInt = 1
     """Forces of each predicted chunk applied before the policy looks again."""
     max_examples: PositiveInt = 512

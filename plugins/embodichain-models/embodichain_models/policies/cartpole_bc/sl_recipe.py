@@ -4,10 +4,12 @@ The training source is the LeRobot dataset's episodes but the last `data.val_epi
 (or a weighted mixture of datasets, `data.mixture`, each part holding out its last ones):
 each example holds the last `data.frames` camera frames (video, decoded by the DataLoader
 workers), the state, and the chunk of the next `data.chunk` forces normalised with
-`meta/stats.json`, with `action_is_pad` past the episode's end. Validation on rank 0: the
-held-out episodes' action error and the closed-loop success rate in the simulator (the
-best metric, higher is better); a mixture's action error also part by part
-(`validation/<name>/action_mse`).
+`meta/stats.json`, with `action_is_pad` past the episode's end. Validation: on rank 0 the
+held-out episodes' action error (a mixture's also part by part,
+`validation/<name>/action_mse`) and the expert's success rate from the evaluation's starts;
+on every rank the policy in closed loop in the simulated cart-pole, through the recipe's
+`evaluation` section (`embodichain_models/CartPoleSwingUp-v0`; its success rate is the best
+metric, higher is better).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from torch import nn
 from embodichain.learning.sl import SupervisedTrainer, UsageError
 from embodichain_models.data.lerobot import LeRobotFormatError
 from embodichain_models.policies.cartpole_bc.data import bc_data
-from embodichain_models.policies.cartpole_bc.policy import ChunkPolicy, objective
-from embodichain_models.policies.cartpole_bc.rollout import ClosedLoop
+from embodichain_models.policies.cartpole_bc.policy import ChunkExecution, ChunkPolicy, objective
+from embodichain_models.policies.cartpole_bc.rollout import expert_success_rate
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
 
 
@@ -31,11 +33,16 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
         raise UsageError(str(exc)) from None
     source, stats, size = bc.source, bc.stats, bc.size
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
+    v, closed_loop = config.validation, config.evaluation
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
                         config.model.hidden, state_std[[0, 2, 3]].clamp_min(1e-3),
-                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]))
-    v = config.validation
-    closed_loop = ClosedLoop(v.episodes, v.steps, v.seed, data.frames, size, v.execute)
+                        torch.tensor(stats["action"]["mean"]), torch.tensor(stats["action"]["std"]),
+                        execute=min(v.execute, data.chunk))
+    camera = (closed_loop.env.kwargs.get("size", 64) if closed_loop is not None else size)
+    if camera != size:
+        raise UsageError(f"evaluation.env.kwargs.size is {camera}, but the dataset's camera "
+                         f"frames are {size}x{size}: set evaluation.env.kwargs.size: {size}")
+    expert: list[float] = []
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
     def held_out(name: str) -> dict[str, torch.Tensor]:
@@ -57,11 +64,18 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
             every = {k: torch.cat([b[k] for b in batches.values()]) for k in
                      next(iter(batches.values()))}
             metrics["validation/action_mse"] = objective(core, every).loss.item()
-        metrics.update(closed_loop(core, device))
+        if closed_loop is not None:  # the expert from the evaluation's starts, once
+            if not expert:
+                expert.append(expert_success_rate(closed_loop.episodes, closed_loop.seed,
+                                                  closed_loop.max_steps))
+            metrics["validation/expert_success_rate"] = expert[0]
         return metrics
 
+    def make_policy(model: nn.Module, device: torch.device) -> ChunkExecution:
+        return ChunkExecution(model, device, data.frames, v.execute)
+
     return SupervisedTrainer(config, model=model, source=source, objective=objective,
-                             device=device, evaluate=evaluate,
+                             device=device, evaluate=evaluate, policy=make_policy,
                              best=("validation/success_rate", "max"))
 
 

@@ -1,0 +1,133 @@
+"""`eval`: a checkpoint's policy judged in closed loop in its recipe's environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from embodichain.cli import completion
+from embodichain.cli.common import DEBUG_HELP, env_rank, reported_errors
+from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, launch_if_asked
+
+
+def evaluate(
+    target: Annotated[Path, typer.Argument(
+        metavar="RUN_DIR|CKPT|ARTIFACT", autocompletion=completion.any_path,
+        help="Checkpoint file, a run directory for its newest snapshot, or a policy "
+        "exported with `export --policy` (.onnx, .pt2).")],
+    episodes: Annotated[int | None, typer.Option(
+        "--episodes", metavar="N", help="Episodes (default: the recipe's evaluation.episodes).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", metavar="S", help="Evaluation seed: episode e is reset with S + e (default: "
+        "the recipe's evaluation.seed).")] = None,
+    videos: Annotated[int | None, typer.Option(
+        "--videos", metavar="K", help="Film the first K episodes (default: the recipe's "
+        "evaluation.videos).")] = None,
+    ema: Annotated[bool, typer.Option(
+        "--ema", help="The EMA's weights act (default: the recipe's evaluation.acting).")
+    ] = False,
+    out: Annotated[Path | None, typer.Option(
+        "--out", metavar="DIR", help="Where to write summary.json, episodes.jsonl and videos/ "
+        "(default: RUN_DIR/evaluations/eval_update_U; must be new or empty).")] = None,
+    nproc_per_node: NprocOpt = None,
+    no_progress: NoProgressOpt = False,
+    debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
+) -> None:
+    """Run a checkpoint's policy for the recipe's evaluation episodes, without training.
+
+    The episodes are spread over the workers (one process, torchrun, or --nproc-per-node);
+    the numbers are those of the validation at the checkpoint's update, on any world size.
+    """
+    with reported_errors(debug):
+        from embodichain.core.evaluation.closed_loop import Overrides
+
+        if target.suffix in (".onnx", ".pt2"):  # an exported policy (export --policy)
+            _evaluate_artifact(target, Overrides(episodes, seed, videos), ema, out,
+                               nproc_per_node, not no_progress)
+            return
+        from embodichain.core.launch.evaluate import evaluate_checkpoint, find_target
+        from embodichain.core.launch.self_launch import should_launch, worker_command
+
+        overrides = Overrides(episodes, seed, videos)
+        if should_launch(nproc_per_node):  # bad input refused before any worker starts
+            find_target(target, out, overrides, ema)
+        launch_if_asked(nproc_per_node, 0, lambda: worker_command(
+            "eval", [("--episodes", episodes), ("--seed", seed), ("--videos", videos),
+                     ("--ema", ema), ("--out", out), ("--no-progress", no_progress),
+                     ("--debug", debug)], [str(target)]))
+        with _progress(not no_progress and env_rank() == 0) as progress:
+            found, result = evaluate_checkpoint(target, out=out, overrides=overrides, ema=ema,
+                                                progress=progress)
+        if result is not None:
+            _print(found, result)
+
+
+def _evaluate_artifact(target: Path, overrides: Any, ema: bool, out: Path | None,
+                       nproc_per_node: int | None, progress: bool) -> None:
+    from embodichain.core.deploy.evaluate import evaluate_artifact
+    from embodichain.core.errors import UsageError
+
+    if ema or nproc_per_node is not None:
+        raise UsageError(f"{target} is an exported policy: its weights are fixed (no --ema) "
+                         "and it is evaluated in one process (no --nproc-per-node)")
+    if not target.is_file():
+        raise UsageError(f"{target}: no such exported policy")
+    with _progress(progress and env_rank() == 0) as show:
+        found, result = evaluate_artifact(target, out=out, overrides=overrides, progress=show)
+    _print(found, result)
+
+
+class _progress:
+    """A rich bar over the episodes on a terminal (rank 0), else nothing."""
+
+    def __init__(self, wanted: bool) -> None:
+        from rich.console import Console
+
+        self.bar: Any = None
+        if wanted and Console(stderr=True).is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self.bar = Progress("episodes", BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True),
+                                transient=True)
+        self.task: Any = None
+
+    def __enter__(self) -> Any:
+        if self.bar is None:
+            return None
+        self.bar.start()
+
+        def show(done: int, total: int) -> None:
+            if self.task is None:
+                self.task = self.bar.add_task("episodes", total=total)
+            self.bar.update(self.task, completed=done)
+        return show
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _print(found: Any, result: Any) -> None:
+    from rich.markup import escape
+
+    from embodichain.cli.tables import output_console, print_rows
+
+    console = output_console()
+    rows = [[str(r["episode"]), str(r["seed"]), "yes" if r["success"] else "no",
+             f"{r['return']:.6g}", str(r["length"]), escape(r["failure"] or r["end"])]
+            for r in result.records]
+    print_rows(console, f"episodes of update {found.step}",
+               ["episode", "seed", "success", "return", "length", "end"], rows)
+    metrics = [[escape(k), f"{v:.6g}"] for k, v in result.metrics().items()]
+    print_rows(console, f"{found.checkpoint} (update {found.step})", ["metric", "value"],
+               metrics)
+    console.print(f"wrote {escape(found.out)}: summary.json, episodes.jsonl"
+                  + (f", videos/ ({len(result.films)} films)" if result.films else ""))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(evaluate)

@@ -1,0 +1,222 @@
+"""A rank's episodes through its slots: one batched policy forward per step (R-EVAL-1..3).
+
+The rank's episodes (e = rank, rank + W, ...) are started in index order, each in the first
+free slot, reset with seed `seed + e`; the policy is told (`reset(slot)`). Every step, the
+policy acts once for all slots (a finished slot's row holds its last observation; its action
+is ignored), then every running slot steps. An episode ends when the environment terminates
+or truncates it, at `max_steps`, or with a fault: an exception, a non-finite observation or
+reward, or its wall-clock limit (`episode_timeout_s`, counting the environment's own time);
+a fault fails that episode, with its
+reason, and the slot's environment is rebuilt for the next one. The episode's outcome is
+`success(info, reward, terminated)` at its last step (default `info["is_success"]`).
+
+`lockstep(mine)` (given under FSDP, whose forward is collective, and when progress is shown)
+is a collective that says whether any rank still runs an episode: ranks then step together,
+each calling the policy the same number of times.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from embodichain.core.evaluation.policy import ClosedLoopPolicy, Success
+from embodichain.core.evaluation.slots import TIMEOUT, Slot
+from embodichain.core.evaluation.video import FilmEncoder
+
+
+def episode_seed(seed: int, episode: int) -> int:
+    """The reset seed of episode `episode`: a function of the evaluation's seed and the
+    episode's index only, never of the rank or world size."""
+    return seed + episode
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one rank runs."""
+
+    episodes: Sequence[int]  # this rank's episode indices, ascending
+    seed: int
+    max_steps: int
+    timeout_s: float
+    filmed: int  # episodes with index < filmed are filmed
+    fps: int
+
+
+@dataclass
+class Running:
+    """An episode in its slot."""
+
+    index: int
+    seed: int
+    film: FilmEncoder | None
+    env_s: float = 0.0  # the environment's own time so far (the wall-clock limit's)
+    total: float = 0.0
+    length: int = 0
+
+
+@dataclass
+class Outcome:
+    """One finished episode: its record (plain JSON) and its film (mp4 bytes, or None)."""
+
+    record: dict[str, Any]
+    film: bytes | None = field(default=None, repr=False)
+
+
+def nonfinite(value: Any) -> bool:
+    """Whether an observation (array, number, or a dict / tuple of them) holds a NaN or inf."""
+    if isinstance(value, Mapping):
+        return any(nonfinite(v) for v in value.values())
+    if isinstance(value, tuple | list):
+        return any(nonfinite(v) for v in value)
+    array = np.asarray(value)
+    return array.dtype.kind in "fc" and not bool(np.isfinite(array).all())
+
+
+def to_numpy(actions: Any) -> Any:
+    """A policy's actions (torch or numpy, or a dict of them) as numpy."""
+    if isinstance(actions, Mapping):
+        return {k: to_numpy(v) for k, v in actions.items()}
+    if hasattr(actions, "detach"):
+        return actions.detach().cpu().numpy()
+    return np.asarray(actions)
+
+
+class EpisodeRunner:
+    """Runs one rank's `Plan` in its slots with the policy."""
+
+    def __init__(self, slots: Sequence[Slot], policy: ClosedLoopPolicy, plan: Plan,
+                 spaces: tuple[Any, Any], success: Success,
+                 lockstep: Callable[[bool, int], tuple[bool, int]] | None = None,
+                 progress: Callable[[int], None] | None = None) -> None:
+        from gymnasium.vector.utils import batch_space, create_empty_array, iterate
+
+        self.slots, self.policy, self.plan, self.success = slots, policy, plan, success
+        self.lockstep, self.progress = lockstep, progress
+        self.observation_space, action_space = spaces
+        self.batch_actions = batch_space(action_space, len(slots))
+        self.iterate = iterate
+        self.create_empty_array = create_empty_array
+        empty = create_empty_array(self.observation_space, len(slots), fn=np.zeros)
+        self.latest: list[Any] = list(iterate(batch_space(self.observation_space, len(slots)),
+                                              empty))
+        self.running: list[Running | None] = [None] * len(slots)
+        self.pending = deque(plan.episodes)
+        self.outcomes: list[Outcome] = []
+
+    def run(self) -> list[Outcome]:
+        """Every episode of the plan, in index order of their records."""
+        for i in range(len(self.slots)):
+            self._start(i)
+        while True:
+            mine = any(r is not None for r in self.running)
+            if self.lockstep is not None:
+                anyone, done = self.lockstep(mine, len(self.outcomes))
+            else:
+                anyone, done = mine, len(self.outcomes)
+            if self.progress is not None:
+                self.progress(done)
+            if not anyone:
+                break
+            actions = self._act()
+            if mine:
+                self._step(actions)
+        return sorted(self.outcomes, key=lambda o: o.record["episode"])
+
+    def _act(self) -> list[Any]:
+        from gymnasium.vector.utils import concatenate
+
+        batch = concatenate(self.observation_space, self.latest,
+                            self.create_empty_array(self.observation_space, len(self.slots)))
+        actions = to_numpy(self.policy.act(batch))
+        return list(self.iterate(self.batch_actions, actions))
+
+    # -- one slot's episodes ------------------------------------------------------------
+
+    def _start(self, i: int) -> None:
+        """The next episode of this rank in slot `i` (until one starts or none is left)."""
+        plan = self.plan
+        while self.pending:
+            index = self.pending.popleft()
+            film = FilmEncoder(plan.fps) if index < plan.filmed else None
+            episode = Running(index, episode_seed(plan.seed, index), film)
+            slot = self.slots[i]
+            slot.send("reset", episode.seed, film is not None)
+            status, result, seconds = slot.receive(plan.timeout_s)
+            episode.env_s += seconds
+            if status != "ok":
+                self._finish(i, episode, failure=self._fault(status, result, "reset"))
+                continue
+            obs, _info, frame = result
+            if nonfinite(obs):
+                self._finish(i, episode, failure="non-finite observation at reset")
+                continue
+            self._film(episode, frame)
+            self.latest[i] = obs
+            self.running[i] = episode
+            self.policy.reset(i)
+            return
+
+    def _step(self, actions: list[Any]) -> None:
+        live = [i for i, r in enumerate(self.running) if r is not None]
+        for i in live:
+            running = self.running[i]
+            assert running is not None
+            self.slots[i].send("step", actions[i], running.film is not None)
+        for i in live:
+            episode = self.running[i]
+            assert episode is not None
+            status, result, seconds = self.slots[i].receive(self.plan.timeout_s - episode.env_s)
+            episode.env_s += seconds
+            if status != "ok":
+                self._end(i, episode, failure=self._fault(status, result, "step"))
+                continue
+            obs, reward, terminated, truncated, info, frame = result
+            episode.length += 1
+            self._film(episode, frame)
+            failure = ("non-finite reward" if not math.isfinite(reward) else
+                       "non-finite observation" if nonfinite(obs) else
+                       "timeout: the environment ran past episode_timeout_s"
+                       if episode.env_s > self.plan.timeout_s else None)
+            if failure is not None:
+                self._end(i, episode, failure=failure)
+                continue
+            episode.total += reward
+            self.latest[i] = obs
+            if terminated or truncated or episode.length >= self.plan.max_steps:
+                end = ("terminated" if terminated else "truncated" if truncated
+                       else "max_steps")
+                self._end(i, episode, end=end,
+                          success=bool(self.success(info, reward, terminated)))
+
+    def _fault(self, status: str, reason: str, during: str) -> str:
+        if status == TIMEOUT:
+            return f"timeout: {reason} (during {during})"
+        return f"{during}: {reason}"
+
+    def _film(self, episode: Running, frame: Any) -> None:
+        if episode.film is not None and frame is not None:
+            episode.film.add(frame)
+
+    def _end(self, i: int, episode: Running, *, failure: str | None = None,
+             end: str = "failure", success: bool = False) -> None:
+        self.running[i] = None
+        self._finish(i, episode, failure=failure, end=end, success=success)
+        self._start(i)
+
+    def _finish(self, i: int, episode: Running, *, failure: str | None = None,
+                end: str = "failure", success: bool = False) -> None:
+        if failure is not None:
+            self.slots[i].recover()  # the next episode gets a new environment
+        film = episode.film.finish() if episode.film is not None else None
+        record = {"episode": episode.index, "seed": episode.seed,
+                  "success": success and failure is None, "return": episode.total,
+                  "length": episode.length, "end": end, "failure": failure}
+        if episode.film is not None:
+            record["frames"] = episode.film.frames
+        self.outcomes.append(Outcome(record, film))

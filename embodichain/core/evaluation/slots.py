@@ -1,0 +1,171 @@
+"""A rank's environment slots: where its episodes run, one after another in each slot.
+
+`LocalSlot` (`evaluation.vector: sync`) steps its environment in this process, as gymnasium's
+SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
+AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
+off at the episode's wall-clock limit (the process is killed). The limit counts the
+environment's own time (its resets, steps and renders), not the policy's nor the other
+slots'. Unlike gymnasium's vector
+environments, a slot never resets by itself: the evaluation resets it with the next
+episode's seed, and a slot whose environment failed is rebuilt before its next episode,
+so the fault stays in its episode. Every command is sent to every slot before any answer
+is awaited (`send`, then `receive`), so process slots step together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import sys
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from embodichain.core.evaluation.envs import EnvSpec
+from embodichain.core.evaluation.worker import Answer, EnvHost, serve
+
+TIMEOUT = "timeout"
+BUILD_S = 600.0  # how long a new process may take to start and build its environment
+
+
+class Slot(ABC):
+    """One environment: `send` a command, then `receive` its answer by a deadline."""
+
+    @abstractmethod
+    def send(self, command: str, argument: Any, render: bool) -> None: ...
+
+    @abstractmethod
+    def receive(self, budget: float) -> Answer:
+        """`("ok", result, seconds)`, `("error", reason, seconds)`, or `(TIMEOUT, reason,
+        seconds)` when the answer has not come `budget` seconds after `send`."""
+
+    @abstractmethod
+    def recover(self) -> None:
+        """After a fault: the next episode gets a new environment."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class LocalSlot(Slot):
+    """An environment stepped in this process (the answer is ready when `send` returns; a
+    step cannot be interrupted, so a step past the deadline is judged when it returns)."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.host = EnvHost(spec)
+        self.answer: Answer | None = None
+
+    def send(self, command: str, argument: Any, render: bool) -> None:
+        self.answer = self.host.run(command, argument, render)
+
+    def receive(self, budget: float) -> Answer:
+        answer, self.answer = self.answer, None
+        assert answer is not None
+        return answer
+
+    def recover(self) -> None:
+        self.host.rebuild()
+
+    def close(self) -> None:
+        self.host.close()
+
+
+def _context() -> Any:
+    """fork where there is one, as gymnasium's AsyncVectorEnv does on Linux: a worker starts
+    at once, with the modules this process has imported, and without running the main
+    script again (forkserver and spawn re-import it in every worker). The environment must
+    then not need CUDA state of this process (build it in the worker: it is)."""
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+class ProcessSlot(Slot):
+    """An environment in a worker process of its own, started on first use and after a
+    fault (the failed process is ended)."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.process: Any = None
+        self.connection: Any = None
+        self.sent = 0.0
+        self.fresh = False  # this command also builds the environment (allowed BUILD_S)
+        self.fresh_next = False  # the environment was dropped: the next command builds it
+        self.dead = False  # timed out or gone: a new process, not a new environment
+
+    def _start(self) -> None:
+        context = _context()
+        parent, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path)),
+                                       daemon=True,
+                                       name="embodichain-eval-env")
+        self.process.start()
+        child.close()
+        self.connection = parent
+
+    def send(self, command: str, argument: Any, render: bool) -> None:
+        self.fresh = self.fresh_next or self.process is None
+        self.fresh_next = False
+        if self.process is None:
+            self._start()
+        self.sent = time.monotonic()
+        try:
+            self.connection.send((command, argument, render))
+        except (OSError, ValueError) as exc:  # the worker died (receive says so)
+            self.connection.close()
+            self.connection = _Broken(f"the environment process is gone ({exc})")
+            self.dead = True
+
+    def receive(self, budget: float) -> Answer:
+        if isinstance(self.connection, _Broken):
+            return "error", self.connection.reason, 0.0
+        try:
+            allowed = budget + (BUILD_S if self.fresh else 0.0)
+            if not self.connection.poll(max(0.0, self.sent + allowed - time.monotonic())):
+                self.dead = True
+                return (TIMEOUT, "the environment did not answer within episode_timeout_s",
+                        time.monotonic() - self.sent)
+            return self.connection.recv()
+        except (EOFError, OSError):
+            self.dead = True
+            code = self.process.exitcode if self.process is not None else None
+            return ("error", f"the environment process ended (exit code {code})",
+                    time.monotonic() - self.sent)
+
+    def recover(self) -> None:
+        if self.dead or self.connection is None:  # it may be inside a step that never returns
+            self.close(kill=True)
+            return
+        try:  # the process is well: it builds a new environment
+            self.connection.send(("rebuild", None, False))
+            self.fresh_next = True
+        except (OSError, ValueError):
+            self.close(kill=True)
+
+    def close(self, kill: bool = False) -> None:
+        process, connection = self.process, self.connection
+        self.process = self.connection = None
+        self.dead = False
+        if connection is not None and not isinstance(connection, _Broken):
+            if not kill:
+                with contextlib.suppress(Exception):
+                    connection.send(("close", None, False))
+            connection.close()
+        if process is not None:
+            if not kill:
+                process.join(timeout=5.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+class _Broken:
+    """A slot's connection that failed on send: why."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def make_slots(spec: EnvSpec, count: int, vector: str) -> list[Slot]:
+    """`count` slots of the kind `evaluation.vector` names."""
+    kind = ProcessSlot if vector == "async" else LocalSlot
+    return [kind(spec) for _ in range(count)]

@@ -1,0 +1,92 @@
+"""One environment and the commands it answers, in this process or a worker process of its own.
+
+`EnvHost` runs a command (`reset`, `step`) on its environment and answers `("ok", result,
+seconds)` or `("error", reason, seconds)`, `seconds` the environment's own time (what the
+episode's wall-clock limit counts): whatever the environment raises stays in the answer,
+so a fault is its episode's, never the evaluation's. `serve` is the loop of a worker process
+(`evaluation.vector: async`): it answers commands from its pipe until told to close or the
+pipe closes (the evaluating process went away).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from embodichain.core.evaluation.envs import EnvSpec, make_env
+
+Answer = tuple[str, Any, float]
+
+
+def fault(exc: BaseException) -> str:
+    """An exception as an episode's failure reason."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+class EnvHost:
+    """An environment, built on first use and again after `rebuild`."""
+
+    def __init__(self, spec: EnvSpec) -> None:
+        self.spec = spec
+        self.env: Any = None
+
+    def run(self, command: str, argument: Any, render: bool) -> Answer:
+        started = time.perf_counter()
+        try:
+            if self.env is None:  # building it is not the episode's time
+                self.env = make_env(self.spec)
+                started = time.perf_counter()
+            if command == "reset":
+                obs, info = self.env.reset(seed=int(argument))
+                result: tuple[Any, ...] = (obs, dict(info))
+            elif command == "step":
+                obs, reward, terminated, truncated, info = self.env.step(argument)
+                result = (obs, float(reward), bool(terminated), bool(truncated), dict(info))
+            else:
+                raise ValueError(f"unknown command {command!r}")
+            frame = self.env.render() if render else None
+            return "ok", (*result, frame), time.perf_counter() - started
+        except Exception as exc:
+            return "error", fault(exc), time.perf_counter() - started
+
+    def rebuild(self) -> None:
+        """Drop the environment (after a fault): the next command builds a new one."""
+        self.close()
+
+    def close(self) -> None:
+        env, self.env = self.env, None
+        if env is not None:
+            with contextlib.suppress(Exception):
+                env.close()
+
+
+def serve(connection: Any, spec: EnvSpec, path: list[str]) -> None:
+    """A worker process's loop: `(command, argument, render)` in, `Answer` out. `path`: the
+    evaluating process's sys.path, where the environment's modules are found."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the evaluating process's
+    sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
+    host = EnvHost(spec)
+    try:
+        while True:
+            try:
+                command, argument, render = connection.recv()
+            except (EOFError, OSError):  # the evaluating process is gone
+                return
+            if command == "close":
+                return
+            if command == "rebuild":
+                host.rebuild()
+                continue
+            answer = host.run(command, argument, render)
+            try:
+                connection.send(answer)
+            except Exception as exc:  # an answer that does not pickle: the episode's fault
+                connection.send(("error", f"the environment's answer cannot be sent: "
+                                          f"{fault(exc)}", answer[2]))
+    finally:
+        host.close()

@@ -1,0 +1,123 @@
+"""`embodichain eval`: a checkpoint's policy judged in closed loop, without training (R-EVAL-1).
+
+Rank 0 reads the checkpoint (a run directory means its newest snapshot) and its stored
+recipe; every rank builds the recipe's trainer from its factory with the checkpoint's
+weights (the EMA's with `--ema` or `evaluation.acting: ema`), as `--init-from` loads them,
+and runs its share of the episodes; rank 0 writes `episodes.jsonl`, `summary.json` and the
+films into the output directory. The evaluation is the one validation runs, so the numbers
+are those of the validation at the checkpoint's update (with the recipe's episodes and
+seed), on any world size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from embodichain.core.checkpoint.initial_weights import InitFrom
+from embodichain.core.distributed import process_group
+from embodichain.core.errors import CheckpointError, UsageError
+from embodichain.core.evaluation.closed_loop import Overrides
+from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
+from embodichain.core.launch.train import build_trainer
+from embodichain.core.observe.progress import configure_logging
+from embodichain.core.recipe.loading import Recipe
+from embodichain.core.runs.elastic import without_derived_keys
+from embodichain.core.training.evaluating import run_closed_loop
+
+
+@dataclass(frozen=True)
+class Target:
+    """What rank 0 found: the checkpoint, its update, its recipe and the output directory."""
+
+    checkpoint: str
+    step: int
+    config: dict[str, Any]
+    out: str
+    ema: bool
+
+
+def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
+    """Rank 0: the checkpoint `target` names and its recipe; refuses (UsageError) what
+    cannot be evaluated, before anything is built or written."""
+    from embodichain.core.checkpoint.file import read_checkpoint
+    from embodichain.core.runs.snapshots import newest_snapshot
+
+    for name, value in (("--episodes", overrides.episodes), ("--videos", overrides.videos)):
+        if value is not None and value < (1 if name == "--episodes" else 0):
+            raise UsageError(f"{name}: expected {'a positive' if name == '--episodes' else 'a'}"
+                             f" {'integer' if name == '--episodes' else 'non-negative integer'}"
+                             f", got {value}")
+    if target.is_dir():
+        snapshot = newest_snapshot(target)
+        if snapshot is None:
+            raise UsageError(f"{target} is a directory without a snapshot; name a checkpoint "
+                             "file or a run directory that saved one")
+        path, run, step, directory = snapshot.path, snapshot.run, snapshot.step, target
+    elif target.is_file():
+        try:
+            data = read_checkpoint(target)
+        except CheckpointError as exc:
+            raise UsageError(f"{target}: not a checkpoint that can be evaluated: {exc}") from None
+        path, run = target, data["payload"].get("run") or {}
+        step, directory = int(data["manifest"]["step"]), target.parent
+    else:
+        raise UsageError(f"{target}: no such checkpoint file or run directory")
+    config = run.get("config")
+    if not isinstance(config, dict):
+        raise UsageError(f"{path} holds no recipe; it cannot be evaluated")
+    if not config.get("evaluation"):
+        raise UsageError(f"the recipe of {path} has no evaluation section: nothing says which "
+                         "environment to run (add one, docs/evaluation.md, and train again, "
+                         "or resume with it: it is a resumable change)")
+    acting_ema = ema or config["evaluation"].get("acting") == "ema"
+    if acting_ema and not (config.get("trainer") or {}).get("ema"):
+        raise UsageError(f"--ema: the run of {path} keeps no EMA (trainer.ema); drop --ema")
+    destination = out if out is not None else directory / EVALUATIONS / f"eval_update_{step:06d}"
+    if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
+        raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
+                         "another (nothing was overwritten)")
+    return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema)
+
+
+def evaluate_checkpoint(target: Path, *, out: Path | None = None,
+                        overrides: Overrides | None = None, ema: bool = False,
+                        progress: Any = None) -> tuple[Target, EvaluationResult | None]:
+    """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
+    written it (None elsewhere)."""
+    from embodichain.core.launch.api import load_recipe
+
+    overrides = overrides or Overrides()
+    configure_logging(process_group.env_rank())
+    found = Target(**process_group.from_rank_zero_before_group(
+        "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
+    recipe: Recipe = load_recipe(found.config, source=f"{found.checkpoint} (stored recipe)",
+                                 warn=False)
+    with process_group.distributed_run(recipe.config.device) as device:
+        trainer = build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
+                                                                   ema=found.ema))
+        try:
+            trainer.step = found.step
+            result = run_closed_loop(trainer, ema=False, overrides=overrides,
+                                     progress=progress, lockstep=True)
+        finally:
+            trainer.close()
+    if result is not None:
+        write_result(found, result, overrides)
+    return found, result
+
+
+def write_result(found: Target, result: EvaluationResult, overrides: Overrides) -> None:
+    """Rank 0: episodes.jsonl, videos/ and summary.json into the output directory."""
+    out = Path(found.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.write(out / "episodes.jsonl", out / "videos", out)
+    evaluation = found.config["evaluation"]
+    about = {"checkpoint": found.checkpoint, "step": found.step,
+             "environment": evaluation["env"].get("id") or evaluation["env"].get("constructor"),
+             "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
+             "weights": "ema" if found.ema else "model",
+             "world_size": process_group.world_size()}
+    (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

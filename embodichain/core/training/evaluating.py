@@ -1,0 +1,101 @@
+"""The closed-loop evaluation inside validation (R-EVAL-1, R-EVAL-2): what the trainer runs.
+
+Every rank, whatever the strategy, runs its share of the episodes with the acting weights
+(the unwrapped model, or the EMA's per `evaluation.acting`) in eval mode, without gradients
+and without disturbing the training RNG streams; ranks step in lockstep when the
+strategy's forward is collective (FSDP). A failure of the evaluation itself (the policy
+raises; an environment's faults only fail their episodes) stops that rank at once, naming
+it, as a failed FSDP validation does: its peers may be inside a collective of the
+evaluation. Rank 0 writes the records and films under the run directory and hands the
+films to the loggers that show videos (TensorBoard, W&B).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from embodichain.core.checkpoint.rank_state import preserved_rng
+from embodichain.core.distributed import process_group
+from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
+from embodichain.core.evaluation.policy import MakePolicy, Success
+from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, evaluation_name
+from embodichain.core.training.strategies import ValidationFailed
+
+
+class Evaluating(Protocol):
+    """What of a trainer the evaluation uses (a `SupervisedTrainer` is one)."""
+
+    closed_loop: ClosedLoopEvaluation | None
+    learner: Any
+    device: torch.device
+    step: int
+    run: Any
+
+SUCCESS_RATE = ("validation/success_rate", "max")
+
+
+def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | None
+                   ) -> ClosedLoopEvaluation | None:
+    """The recipe's evaluation with the factory's policy (None without an evaluation
+    section); refuses (UsageError, exit 2) a section without a policy and an environment
+    that cannot be built."""
+    section = getattr(config, "evaluation", None)
+    if section is None:
+        return None
+    return ClosedLoopEvaluation(section, policy, success,
+                                factory=f"factory {getattr(config, 'factory', '?')!r}")
+
+
+def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:
+    """The weights that act: the unwrapped model, or the EMA's."""
+    if ema:
+        if trainer.learner.ema is None:
+            raise ValidationFailed("the EMA's weights were asked to act, but the run keeps "
+                                   "no EMA (trainer.ema)")
+        return trainer.learner.ema.model
+    return trainer.learner.model
+
+
+def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
+                    overrides: Overrides | None = None, progress: Any = None,
+                    lockstep: bool = False) -> EvaluationResult | None:
+    """The evaluation on every rank (collective); rank 0's result, None elsewhere.
+    `lockstep` (the same on every rank): step together even where the strategy's forward
+    is not collective (`eval`: rank 0's progress bar counts every rank's episodes)."""
+    closed_loop = trainer.closed_loop
+    assert closed_loop is not None
+    if ema is None:
+        ema = closed_loop.config.acting == "ema"
+    model = acting_model(trainer, ema)
+    lockstep = lockstep or trainer.learner.strategy.collective_forward
+    with preserved_rng(trainer.device), torch.no_grad():
+        model.eval()
+        try:
+            return closed_loop.run(model, trainer.device, lockstep=lockstep,
+                                   overrides=overrides or Overrides(), progress=progress)
+        except ValidationFailed:
+            raise
+        except Exception as exc:
+            raise ValidationFailed(
+                f"the closed-loop evaluation failed on rank {process_group.rank()} at update "
+                f"{trainer.step}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            model.train()
+
+
+def record_closed_loop(trainer: Evaluating, result: EvaluationResult
+                       ) -> dict[str, float]:
+    """Rank 0: write the evaluation's records and films under the run directory, show the
+    films to the video loggers; the metrics to record."""
+    run = trainer.run
+    assert run is not None
+    name = evaluation_name(trainer.step)
+    folder = run.directory / EVALUATIONS
+    films = result.write(folder / f"{name}.jsonl", folder / name, run.directory)
+    writer = run.metrics
+    if films and writer is not None and hasattr(writer, "write_videos"):
+        writer.write_videos(trainer.step, {f"evaluation/episode_{e}": (path, result.films[e])
+                                           for e, path in films.items()}, result.fps)
+    return {**result.metrics(), "time/evaluation_s": result.wall_s}

@@ -1,0 +1,101 @@
+"""The ALOHA recipe's training source, held-out frames and statistics, with the checks that
+the dataset shows the recipe's task, has the features the policy reads, and that the
+evaluation runs that task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from embodichain.learning.sl import DatasetSource, UsageError
+from embodichain_models.data.lerobot import lerobot_source
+from embodichain_models.data.lerobot.dataset import LeRobotFrames
+from embodichain_models.data.lerobot.metadata import read_meta
+from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.aloha.scene import Scene
+from embodichain_models.policies.aloha.schema import ActConfig
+from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
+
+
+@dataclass
+class ActData:
+    source: DatasetSource
+    held_out: LeRobotFrames | None
+    stats: dict[str, dict[str, np.ndarray]]
+    fps: int
+    env_dim: int
+    image_sizes: dict[str, tuple[int, int]]
+
+
+def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
+    """Refuse a dataset recorded for another task (its task text names it)."""
+    if task.text not in tasks:
+        known = {t.text: name for name, t in TASKS.items()}
+        shown = ", ".join(f"{known[t]!r} ({t!r})" if t in known else repr(t) for t in tasks)
+        raise UsageError(f"data.root {str(root)!r} holds episodes of task {shown}, not "
+                         f"data.task {task.name!r} ({task.text!r}): record one with "
+                         f"`python -m embodichain_models.policies.aloha.prepare --task "
+                         f"{task.name} ...` or set data.task")
+
+
+def check_evaluation(config: Any, task: AlohaTask) -> None:
+    """The evaluation section, when it runs an ALOHA environment, runs data.task."""
+    evaluation = getattr(config, "evaluation", None)
+    if evaluation is None:
+        return
+    env = evaluation.env
+    named = env.kwargs.get("task")
+    by_id = {t.gym_id: t.name for t in TASKS.values()}.get(env.id or "")
+    for where, name in (("evaluation.env.kwargs.task", named), ("evaluation.env.id", by_id)):
+        if name is not None and name != task.name:
+            raise UsageError(f"{where} runs task {name!r}, but data.task is {task.name!r}: "
+                             "the policy would be judged on a task it never saw")
+    if not (by_id or named):
+        return
+    cameras = list(env.kwargs.get("cameras", []))
+    if sorted(cameras) != sorted(config.data.cameras):
+        raise UsageError(f"evaluation.env.kwargs.cameras {cameras} differs from data.cameras "
+                         f"{config.data.cameras}: the environment must render what the "
+                         "policy reads")
+    filmed = [env.kwargs.get("render_camera", "top")] if evaluation.videos else []
+    if cameras or filmed:  # rendering must work here, not fail every episode later
+        scene = Scene(task)
+        for camera in [*cameras, *filmed]:
+            scene.check_camera(camera)
+
+
+def act_data(config: ActConfig) -> ActData:
+    data = config.data
+    task = TASKS[data.task]
+    meta = read_meta(data.root)
+    check_task(task, meta.tasks, data.root)
+    features = meta.features
+    wanted = {STATE: [len(JOINT_NAMES)], ENV_STATE: [len(task.env_state_names)],
+              ACTION: [len(JOINT_NAMES)]}
+    for key, shape in wanted.items():
+        if key not in features or list(features[key]["shape"]) != shape:
+            found = features[key]["shape"] if key in features else "absent"
+            raise UsageError(f"data.root {str(data.root)!r}: feature {key!r} should have "
+                             f"shape {shape} for {task.name}, found {found}")
+    sizes = {}
+    for camera in data.cameras:
+        key = IMAGE_PREFIX + camera
+        if key not in features:
+            have = [k[len(IMAGE_PREFIX):] for k in features if k.startswith(IMAGE_PREFIX)]
+            raise UsageError(f"data.cameras: {str(data.root)!r} has no camera {camera!r} "
+                             f"(it has: {', '.join(have) or 'none'}); record one with "
+                             "prepare --cameras")
+        sizes[camera] = tuple(int(v) for v in features[key]["shape"][:2])
+    options = {"delta_timestamps": {ACTION: [i / meta.fps for i in range(data.chunk)]},
+               "features": [*wanted, *(IMAGE_PREFIX + c for c in data.cameras)]}
+    indices = [e.index for e in meta.episodes]
+    if len(indices) <= data.val_episodes:
+        raise UsageError(f"data.root {str(data.root)!r} has {len(indices)} episodes: too few "
+                         f"to hold out data.val_episodes={data.val_episodes}")
+    held = indices[len(indices) - data.val_episodes:] if data.val_episodes else []
+    train = indices[:len(indices) - len(held)]
+    source = lerobot_source(data.root, episodes=train, identity=data.identity, **options)
+    held_out = LeRobotFrames(data.root, episodes=held, **options) if held else None
+    return ActData(source, held_out, meta.stats, meta.fps, len(task.env_state_names), sizes)

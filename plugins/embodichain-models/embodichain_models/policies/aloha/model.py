@@ -1,0 +1,215 @@
+"""The action-chunking transformer (ACT, Zhao et al. 2023), sized for CPUs.
+
+From the current observation (joint positions, object poses and, when the dataset has
+cameras, each camera's image through a small convolutional encoder into a grid of tokens),
+a transformer encoder reads one token per input (plus the CVAE's latent token); a decoder
+with `chunk` learned queries cross-attends to it and predicts the next `chunk` joint
+targets. Inputs and actions are normalised by the dataset's mean and std, held as buffers,
+so the model itself maps raw observations to raw actions (`deployable()`).
+
+Training (`objective`): the L1 error of the normalised chunk over the steps inside the
+episode (`action_is_pad` masks the rest), plus, with the CVAE (`cvae: true`), `kl_weight`
+times the KL divergence of the latent that a second encoder infers from the demonstrated
+chunk (ACT's style variable); at execution the latent is zero, its prior's mean.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from embodichain.learning.sl import LossResult
+
+STATE, ENV_STATE, ACTION = "observation.state", "observation.environment_state", "action"
+IMAGE_PREFIX = "observation.images."
+IMAGE_GRID = (6, 8)  # tokens per camera: the conv features pooled to this grid
+
+
+@dataclass(frozen=True)
+class ActShape:
+    """What the model reads and writes, and its size."""
+
+    state_dim: int
+    env_dim: int
+    action_dim: int
+    chunk: int
+    cameras: tuple[str, ...] = ()
+    hidden: int = 128
+    heads: int = 4
+    encoder_layers: int = 2
+    decoder_layers: int = 1
+    feedforward: int = 512
+    dropout: float = 0.1
+    cvae: bool = False
+    latent_dim: int = 32
+    kl_weight: float = 10.0
+    channels: int = 32
+    fps: int = 50
+    execution: dict[str, float] = field(default_factory=lambda: {"temporal_ensemble": 0.01})
+
+
+def _layers(hidden: int, heads: int, ff: int, dropout: float, n: int,
+            decoder: bool = False) -> nn.Module:
+    kind = nn.TransformerDecoderLayer if decoder else nn.TransformerEncoderLayer
+    layer = kind(hidden, heads, ff, dropout, activation="relu", batch_first=True)
+    stack = nn.TransformerDecoder if decoder else nn.TransformerEncoder
+    kwargs = {} if decoder else {"enable_nested_tensor": False}
+    return stack(layer, n, **kwargs)
+
+
+class CameraEncoder(nn.Module):
+    """An image `[B, 3, H, W]` in [0, 1] to `IMAGE_GRID` tokens `[B, cells, hidden]`."""
+
+    def __init__(self, channels: int, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, channels, 5, stride=2, padding=2), nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv2d(2 * channels, hidden, 3, stride=2, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(IMAGE_GRID))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.net((image - 0.5) / 0.25).flatten(2).transpose(1, 2)
+
+
+class ActPolicy(nn.Module):
+    """`policy(observations, actions=None, is_pad=None) -> (chunk, mu, logvar)`: the
+    normalised chunk `[B, chunk, action_dim]`; `mu`/`logvar` of the CVAE latent when
+    `actions` (normalised) are given and the CVAE is on, else None."""
+
+    def __init__(self, shape: ActShape, stats: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
+        self.shape = s = shape
+        h = s.hidden
+        for key, name, floor in ((STATE, "state", 1e-2), (ENV_STATE, "env", 1e-2),
+                                 (ACTION, "action", 1e-3)):
+            mean = torch.as_tensor(stats[key]["mean"], dtype=torch.float32).reshape(-1)
+            std = torch.as_tensor(stats[key]["std"], dtype=torch.float32).reshape(-1)
+            self.register_buffer(f"{name}_mean", mean)
+            self.register_buffer(f"{name}_std", std.clamp_min(floor))
+        self.state_in = nn.Linear(s.state_dim, h)
+        self.env_in = nn.Linear(s.env_dim, h)
+        self.cameras = nn.ModuleDict({c: CameraEncoder(s.channels, h) for c in s.cameras})
+        cells = IMAGE_GRID[0] * IMAGE_GRID[1]
+        self.encoder_pos = nn.Parameter(torch.zeros(1, 3 + cells * len(s.cameras), h))
+        self.latent_in = nn.Linear(s.latent_dim, h)
+        self.encoder = _layers(h, s.heads, s.feedforward, s.dropout, s.encoder_layers)
+        self.queries = nn.Parameter(torch.zeros(1, s.chunk, h))
+        self.decoder = _layers(h, s.heads, s.feedforward, s.dropout, s.decoder_layers, True)
+        self.head = nn.Linear(h, s.action_dim)
+        if s.cvae:  # the style encoder: [cls, state, actions...] -> latent mean, log-variance
+            self.style_cls = nn.Parameter(torch.zeros(1, 1, h))
+            self.style_state = nn.Linear(s.state_dim, h)
+            self.style_action = nn.Linear(s.action_dim, h)
+            self.style_pos = nn.Parameter(torch.zeros(1, 2 + s.chunk, h))
+            self.style = _layers(h, s.heads, s.feedforward, s.dropout, s.encoder_layers)
+            self.style_out = nn.Linear(h, 2 * s.latent_dim)
+        for p in (self.encoder_pos, self.queries, *([self.style_pos] if s.cvae else [])):
+            nn.init.normal_(p, std=0.02)
+
+    def normalised(self, observations: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        state = (observations[STATE].float() - self.state_mean) / self.state_std
+        env = (observations[ENV_STATE].float() - self.env_mean) / self.env_std
+        return state, env
+
+    def forward(self, observations: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
+                is_pad: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        s = self.shape
+        state, env = self.normalised(observations)
+        batch = state.shape[0]
+        mu = logvar = None
+        if s.cvae and actions is not None:
+            tokens = torch.cat([self.style_cls.expand(batch, -1, -1),
+                                self.style_state(state).unsqueeze(1),
+                                self.style_action(actions)], 1) + self.style_pos
+            pad = torch.zeros(batch, 2, dtype=torch.bool, device=state.device)
+            mask = torch.cat([pad, is_pad], 1) if is_pad is not None else None
+            mu, logvar = self.style_out(self.style(tokens, src_key_padding_mask=mask)[:, 0]
+                                        ).chunk(2, -1)
+            latent = mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+        else:
+            latent = state.new_zeros(batch, s.latent_dim)
+        tokens = [self.latent_in(latent).unsqueeze(1), self.state_in(state).unsqueeze(1),
+                  self.env_in(env).unsqueeze(1)]
+        tokens += [self.cameras[c](observations[IMAGE_PREFIX + c].float()) for c in s.cameras]
+        memory = self.encoder(torch.cat(tokens, 1) + self.encoder_pos)
+        out = self.decoder(self.queries.expand(batch, -1, -1), memory)
+        return self.head(out), mu, logvar
+
+    @torch.no_grad()
+    def act_chunk(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The raw action chunk `[B, chunk, action_dim]` for raw observations."""
+        return self(observations)[0] * self.action_std + self.action_mean
+
+    def observation_keys(self) -> list[str]:
+        return [STATE, ENV_STATE, *(IMAGE_PREFIX + c for c in self.shape.cameras)]
+
+    def deployable(self) -> nn.Module:
+        """A module mapping raw float32 observation tensors (positional, in the order of
+        `interface()["observations"]`) to the raw action chunk, normalisation baked in."""
+        return DeployableAct(self)
+
+    def interface(self) -> dict[str, Any]:
+        """What the deployable forward reads and writes, and how its chunks are executed."""
+        s = self.shape
+        observations = {
+            STATE: {"shape": [s.state_dim], "dtype": "float32",
+                    "meaning": "joint positions (6 per arm, radians) and grippers (0 closed, "
+                               "1 open), left arm first"},
+            ENV_STATE: {"shape": [s.env_dim], "dtype": "float32",
+                        "meaning": "object poses: xyz (m) and quaternion wxyz per object"}}
+        for c in s.cameras:
+            observations[IMAGE_PREFIX + c] = {"shape": [3, "H", "W"], "dtype": "float32",
+                                              "meaning": f"camera {c!r}, RGB in [0, 1]"}
+        return {"observations": observations,
+                "action": {"key": ACTION, "shape": [s.chunk, s.action_dim],
+                           "meaning": "joint targets, as observation.state"},
+                "fps": s.fps, "chunk": s.chunk, "execution": dict(s.execution)}
+
+
+class DeployableAct(nn.Module):
+    """`forward(state, env_state[, images...]) -> chunk`: the policy for export."""
+
+    def __init__(self, policy: ActPolicy) -> None:
+        super().__init__()
+        self.policy = policy
+        self.keys = policy.observation_keys()
+
+    def forward(self, *observations: torch.Tensor) -> torch.Tensor:
+        named = dict(zip(self.keys, observations, strict=True))
+        chunk = self.policy(named)[0]
+        return chunk * self.policy.action_std + self.policy.action_mean
+
+
+def masked_l1(pred: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean absolute error over the real steps of each chunk, and their number."""
+    real = (~is_pad).to(pred.dtype).unsqueeze(-1)
+    weight = real.sum()
+    l1 = ((pred - target).abs() * real).sum() / (weight * pred.shape[-1]).clamp_min(1.0)
+    return l1, weight
+
+
+def normalised_actions(model: ActPolicy, actions: torch.Tensor) -> torch.Tensor:
+    return (actions.float() - model.action_mean) / model.action_std
+
+
+def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
+    """Masked L1 of the normalised chunk (+ kl_weight x KL with the CVAE): steps past the
+    episode's end (`action_is_pad`) neither count nor weigh, so ranks combine exactly."""
+    core: ActPolicy = getattr(model, "module", model)
+    target = normalised_actions(core, batch[ACTION])
+    is_pad = batch["action_is_pad"]
+    pred, mu, logvar = model(batch, target, is_pad)
+    l1, weight = masked_l1(pred, target, is_pad)
+    metrics = {"l1": l1.detach()}
+    loss = l1
+    if mu is not None and logvar is not None:
+        kl = (-0.5 * (1 + logvar - mu.square() - logvar.exp()).sum(-1)).mean()
+        loss = loss + core.shape.kl_weight * kl
+        metrics["kl"] = kl.detach()
+    return LossResult(loss=loss, weight=weight, metrics=metrics)

@@ -1,0 +1,149 @@
+"""Record scripted ALOHA demonstrations as a LeRobot v3.0 dataset.
+
+    python -m embodichain_models.policies.aloha.prepare --task transfer_cube --episodes 50 OUT
+    python -m embodichain_models.policies.aloha.prepare --task insertion --episodes 50 \\
+        --cameras top --size 240x320 OUT
+
+(needs `pip install 'embodichain-models[sim]'`). The bimanual expert of ACT runs in the
+end-effector scene and its joint trajectory is replayed in the joint-space scene (see
+`record.py`); each kept episode has 400 steps at 50 fps of `observation.state` (14 joint
+positions), `observation.environment_state` (the objects' poses), `action` (14 joint
+targets) and the task's text, and with `--cameras` each camera as an mp4 video
+(`observation.images.<camera>`, rendered only for these, about 0.1 s a frame on software
+OpenGL). Seeds are tried from `--seed` up until `--episodes` demonstrations succeed (the
+expert's failures are dropped and counted); they must stay below 100000, where evaluation
+seeds begin, so no demonstration is an evaluation episode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from embodichain.learning.sl import UsageError
+from embodichain_models.policies.aloha.tasks import (
+    EPISODE_STEPS,
+    EVAL_SEED,
+    FPS,
+    JOINT_NAMES,
+    TASKS,
+    AlohaTask,
+    task_named,
+)
+
+IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
+INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success rate
+
+
+def features(task: AlohaTask, cameras: Sequence[str], size: tuple[int, int]) -> dict:
+    from embodichain_models.data.lerobot.writer import feature
+
+    spec = {"observation.state": feature("float32", (len(JOINT_NAMES),), JOINT_NAMES),
+            "observation.environment_state": feature(
+                "float32", (len(task.env_state_names),), task.env_state_names),
+            "action": feature("float32", (len(JOINT_NAMES),), JOINT_NAMES)}
+    for camera in cameras:
+        spec[f"observation.images.{camera}"] = feature("video", (*size, 3))
+    return spec
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--size {text!r}: write HEIGHTxWIDTH, e.g. "
+                                         "480x640") from None
+    if height < 8 or width < 8:
+        raise argparse.ArgumentTypeError(f"--size {text!r}: at least 8x8 pixels")
+    return height, width
+
+
+def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequence[str] = (),
+            size: tuple[int, int] = (480, 640), overwrite: bool = False,
+            max_attempts: int | None = None, log=print) -> dict:
+    """Record `episodes` successful demonstrations of `task` at `out`; returns what was
+    done (seeds, attempts, the expert's success rate, seconds per episode)."""
+    from embodichain_models.data.lerobot.writer import write_dataset
+    from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
+
+    spec = task_named(task)
+    attempts = max_attempts if max_attempts is not None else 2 * episodes + 10
+    if seed < 0 or seed + attempts > EVAL_SEED:
+        raise UsageError(f"--seed {seed}: demonstration seeds {seed}..{seed + attempts - 1} "
+                         f"must lie in 0..{EVAL_SEED - 1} (evaluation seeds start at "
+                         f"{EVAL_SEED})")
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out} exists (pass --overwrite to replace it)")
+    recorder = Recorder(spec)
+    for camera in cameras:  # before any episode is recorded
+        recorder.scene.check_camera(camera)
+
+    def progress(demo, kept: int, tried: int) -> None:
+        if log is not None:
+            log(f"seed {demo.seed}: {'success' if demo.success else 'FAILED (dropped)'} "
+                f"(max reward {demo.rewards.max():g}); {kept}/{episodes} kept of {tried}")
+
+    kept, tried, seconds = recorder.successes(episodes, seed, attempts, progress)
+    if len(kept) < episodes:
+        raise UsageError(f"the {task} expert succeeded in {len(kept)} of {tried} attempts: "
+                         f"fewer than the {episodes} asked for (nothing written)")
+    frame_bytes = size[0] * size[1] * 3 * EPISODE_STEPS * max(len(cameras), 1)
+    per_file = max(1, min(50, IMAGE_BYTES_PER_FILE // frame_bytes)) if cameras else 50
+    start = time.perf_counter()
+    write_dataset(out, LazyEpisodes(recorder, kept, cameras, size),  # type: ignore[arg-type]
+                  features(spec, cameras, size), FPS, episodes_per_file=per_file,
+                  robot_type="aloha", overwrite=overwrite)
+    written = time.perf_counter() - start
+    report = {"task": spec.name, "text": spec.text, "episodes": len(kept), "attempts": tried,
+              "expert_success_rate": len(kept) / tried, "seeds": [d.seed for d in kept],
+              "failed_seeds": sorted(set(range(seed, seed + tried)) - {d.seed for d in kept}),
+              "seconds_per_attempt": seconds, "seconds_writing": written,
+              "cameras": list(cameras), "size": list(size) if cameras else None}
+    (out / INFO_FILE).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the dataset's root directory")
+    parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
+    parser.add_argument("--episodes", type=int, default=50, help="successful episodes kept")
+    parser.add_argument("--seed", type=int, default=0, help="the first seed tried")
+    parser.add_argument("--cameras", type=lambda text: [c for c in text.split(",") if c],
+                        default=[], metavar="CAMERA[,CAMERA...]",
+                        help="cameras recorded as video (e.g. top; the scene's: top, angle, "
+                             "left_pillar, right_pillar, front_close, left_wrist, right_wrist)")
+    parser.add_argument("--size", type=parse_size, default=(480, 640), metavar="HxW",
+                        help="camera frame size, default 480x640")
+    parser.add_argument("--max-attempts", type=int, default=None,
+                        help="seeds tried at most (default 2 x episodes + 10)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
+    parser.add_argument("--quiet", action="store_true", help="no line per episode")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
+    try:
+        from embodichain_models.policies.aloha.scene import require_sim
+
+        task_named(args.task)
+        require_sim()
+        report = prepare(args.out, args.task, args.episodes, args.seed, args.cameras,
+                         args.size, args.overwrite, args.max_attempts,
+                         None if args.quiet else print)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"wrote {args.out}: {report['episodes']} {args.task} episodes of {EPISODE_STEPS} "
+          f"steps at {FPS} fps; the expert succeeded in {report['episodes']} of "
+          f"{report['attempts']} ({100 * report['expert_success_rate']:.0f}%), "
+          f"{report['seconds_per_attempt']:.2f} s per attempt"
+          + (f", cameras {', '.join(args.cameras)} ({report['seconds_writing']:.0f} s "
+             "rendering and writing)" if args.cameras else ""))
+
+
+if __name__ == "__main__":
+    main()

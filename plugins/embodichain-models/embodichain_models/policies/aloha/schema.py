@@ -1,0 +1,118 @@
+"""The ALOHA ACT recipe's own sections (no torch, no simulator at import: registered in
+`embodichain.sl_schemas`, so `validate-config` stays fast). The closed-loop judge is the
+framework's `evaluation:` section (R-EVAL-1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Strict,
+    model_validator,
+)
+
+from embodichain.learning.sl import Section
+from embodichain_models.policies.aloha.tasks import TASKS
+
+PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
+                   "--episodes 50 DIR")
+
+
+def _dataset_root(path: Path) -> Path:
+    if not (path / "meta" / "info.json").is_file():
+        what = "not found" if not path.exists() else "has no meta/info.json"
+        raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
+                         f"`{PREPARE_COMMAND}`)")
+    return path
+
+
+def _task(name: str) -> str:
+    if name not in TASKS:
+        raise ValueError(f"unknown ALOHA task {name!r}: choose one of {', '.join(TASKS)}")
+    return name
+
+
+class ModelSection(Section):
+    hidden: PositiveInt = 128
+    """Width of every token (ACT: 512)."""
+    heads: PositiveInt = 4
+    encoder_layers: PositiveInt = 2
+    """Transformer encoder layers over the observation tokens (ACT: 4)."""
+    decoder_layers: PositiveInt = 1
+    """Decoder layers (ACT's code uses the first of its 7; lerobot: 1)."""
+    feedforward: PositiveInt = 512
+    """Width of the feed-forward blocks (ACT: 3200)."""
+    dropout: float = Field(default=0.1, ge=0, lt=1)
+    cvae: bool = False
+    """ACT's conditional VAE: a style latent inferred from the demonstrated chunk in
+    training (zero at execution), with `kl_weight` x its KL divergence in the loss."""
+    latent_dim: PositiveInt = 32
+    kl_weight: float = Field(default=10.0, ge=0)
+    channels: PositiveInt = 32
+    """Channels of the camera encoder's first convolution (only with data.cameras)."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelSection:
+        if self.hidden % self.heads:
+            raise ValueError(f"model.hidden ({self.hidden}) must be a multiple of "
+                             f"model.heads ({self.heads})")
+        return self
+
+
+class DataSection(Section):
+    root: Annotated[Path, Strict(False), AfterValidator(_dataset_root)]
+    """The LeRobot v3.0 dataset written by the prepare command."""
+    task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
+    """The task the dataset shows (checked against its task text) and the evaluation runs."""
+    chunk: PositiveInt = 50
+    """Actions predicted per step: this one and the next chunk-1 (ACT: 100)."""
+    cameras: list[str] = Field(default_factory=list)
+    """Cameras the policy sees (`observation.images.<camera>` of the dataset); none: state
+    only (joint positions and object poses)."""
+    val_episodes: NonNegativeInt = 0
+    """The last N episodes are held out: their action error is validated
+    (`validation/action_l1`); 0 trains on every episode, as ACT."""
+    identity: Literal["content", "metadata"] = "content"
+    """What the data's identity digests (see docs/lerobot.md)."""
+
+
+class ExecutionSection(Section):
+    """How chunks become actions in closed loop: exactly one of the two."""
+
+    temporal_ensemble: PositiveFloat | None = 0.01
+    """ACT's temporal ensembling: every step a new chunk; the action averages all
+    predictions for the step, weighted exp(-m i), i = 0 the oldest. Its m."""
+    horizon: PositiveInt | None = None
+    """Or: execute the first `horizon` actions of a chunk, then take a new one."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one(cls, values: object) -> object:
+        if isinstance(values, dict) and values.get("horizon") is not None:
+            values = {"temporal_ensemble": None, **values}
+        return values
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ExecutionSection:
+        if (self.temporal_ensemble is None) == (self.horizon is None):
+            raise ValueError("execution: give temporal_ensemble (m) or horizon (steps), "
+                             "not both")
+        return self
+
+
+class ActConfig(BaseModel):
+    """Recipe-owned sections of the ALOHA ACT recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection
+    execution: ExecutionSection = Field(default_factory=ExecutionSection)

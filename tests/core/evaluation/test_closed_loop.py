@@ -1,0 +1,216 @@
+"""Closed-loop evaluation in training and by `embodichain eval` (R-EVAL-1..3).
+
+The recipe is tests/factories/closed_loop.py: a pure-Python gymnasium environment (`Reach`)
+and a linear policy whose acting weights are fixed (`data.policy_weight`), so one, two
+ranks, DDP and FSDP all act with the same weights bitwise; the episodes' outcomes must then
+be the same, record for record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import assert_ok, factories_env, run_cli, run_torchrun
+from tests.support.shared import built_once
+
+EPISODES = 6
+
+
+def write(path: Path, output_dir: Path, *, evaluation: dict | None = None,
+          data: dict | None = None, trainer: dict | None = None) -> Path:
+    """A closed_loop recipe: 4 updates, validation (and the closed loop) at 2 and 4."""
+    recipe = {
+        "factory": "closed_loop:build_supervised_trainer", "seed": 0,
+        "trainer": {"batch_size": 8, "max_updates": 4, "validate_every": 2, "save_every": 4,
+                    "log_every": 2, "output_dir": str(output_dir), **(trainer or {})},
+        "optimizer": {"name": "adam", "lr": 0.01},
+        "data": {"policy_weight": -1.0, **(data or {})},
+        "evaluation": {"env": {"constructor": "closed_loop:make_reach"},
+                       "episodes": EPISODES, "seed": 100, "max_steps": 8,
+                       "envs_per_rank": 2, "videos": 2, **(evaluation or {})}}
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return path
+
+
+def records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def validation_lines(run: Path) -> dict[int, dict]:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("validation/")}
+            for r in lines if "validation/success_rate" in r}
+
+
+@pytest.fixture(scope="module")
+def world_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The recipe trained by 1 and 2 ranks under DDP and FSDP (shared, read-only); the
+    one-process DDP run also logs to TensorBoard, and each run counts its policy calls."""
+    def build(root: Path) -> dict[str, str]:
+        runs = {}
+        for strategy in ("ddp", "fsdp"):
+            for ranks in (1, 2):
+                name = f"{strategy}{ranks}"
+                acts = root / f"{name}-acts"
+                acts.mkdir()
+                loggers = ["jsonl", "tensorboard"] if name == "ddp1" else ["jsonl"]
+                recipe = write(root / f"{name}.yaml", root / name,
+                               trainer={"strategy": strategy, "loggers": loggers},
+                               data={"acts_log": str(acts)})
+                args = ("train-sl", "--config", str(recipe), "--no-progress")
+                assert_ok(run_torchrun(*args, env=factories_env()) if ranks == 2
+                          else run_cli(*args, env=factories_env()))
+                runs[name] = str(root / name)
+        return runs
+    return built_once(tmp_path_factory, "closed-loop-worlds", build)
+
+
+@pytest.mark.slow
+def test_outcomes_do_not_depend_on_world_size_or_strategy(world_runs: dict[str, str]) -> None:
+    """Catches: a seed derived from the rank or the slot (records differ on 2 ranks), rank 0
+    alone evaluating (episodes missing), records merged out of order, a rank whose episodes
+    ended skipping forwards under FSDP (its peer hangs or the counts differ), and a policy
+    batch that changes shape with the world size."""
+    runs = {name: Path(path) for name, path in world_runs.items()}
+    reference = runs["ddp1"]
+    for step in (2, 4):
+        expected = records(reference / "evaluations" / f"update_{step:06d}.jsonl")
+        assert [r["episode"] for r in expected] == list(range(EPISODES))
+        assert [r["seed"] for r in expected] == [100 + e for e in range(EPISODES)]
+        assert {r["success"] for r in expected} == {True, False}  # a mix, so it can differ
+        for name, run in runs.items():
+            assert records(run / "evaluations" / f"update_{step:06d}.jsonl") == expected, name
+    metrics = validation_lines(reference)
+    assert set(metrics) == {2, 4}
+    assert metrics[4]["validation/success_rate"] == pytest.approx(5 / 6)
+    for name, run in runs.items():
+        assert validation_lines(run) == metrics, name
+    # Under FSDP the forward is collective: both ranks called the policy equally often.
+    counts = [len((Path(world_runs["fsdp2"] + "-acts") / f"rank{r}.txt").read_text().split())
+              for r in (0, 1)]
+    assert counts[0] == counts[1] > 0
+
+
+@pytest.mark.slow
+def test_first_episodes_are_filmed(world_runs: dict[str, str]) -> None:
+    """Catches: films of other episodes than the first K by index, a film missing frames
+    (the reset's or the last step's), and films that do not reach TensorBoard."""
+    from embodichain.core.evaluation.video import decode_frames
+
+    run = Path(world_runs["ddp1"])
+    for name in ("ddp1", "fsdp2"):
+        films = sorted((Path(world_runs[name]) / "evaluations" / "update_000004").iterdir())
+        assert [f.name for f in films] == ["episode_0000.mp4", "episode_0001.mp4"]
+    for record in records(run / "evaluations" / "update_000004.jsonl"):
+        if record["episode"] < 2:
+            frames = decode_frames(str(run / record["video"]))
+            assert len(frames) == record["frames"] == record["length"] + 1
+            assert frames[0].shape == (8, 24, 3)
+        else:
+            assert "video" not in record and "frames" not in record
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert {"evaluation/episode_0", "evaluation/episode_1"} <= set(events.Tags()["images"])
+    assert [e.step for e in events.Images("evaluation/episode_0")] == [2, 4]
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
+def test_faults_fail_their_episode_only(tmp_path: Path, vector: str) -> None:
+    """An environment raising at step 3 of episode 2, one returning NaN (episode 3), one
+    sleeping past the wall-clock limit (episode 4; async: a step that never returns in
+    time, cut off): those episodes fail with their reasons, the others succeed and the run
+    finishes. Catches: a fault ending the evaluation or the run, a slot not rebuilt after
+    its fault (the next episode in it fails too), and a hung step waited for."""
+    sleep = {"sync": 0.4, "async": 60.0}[vector]
+    recipe = write(tmp_path / "faults.yaml", tmp_path / "run",
+                   data={"policy_weight": -1.5},
+                   trainer={"max_updates": 2, "save_every": 2},
+                   evaluation={"vector": vector, "videos": 0, "episode_timeout_s": 1.0,
+                               "max_steps": 30, "env": {
+                                   "constructor": "closed_loop:make_reach",
+                                   "kwargs": {"raise_at": 102, "nan_at": 103,
+                                              "sleep_at": 104, "sleep_s": sleep}}})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env()))
+    found = records(tmp_path / "run" / "evaluations" / "update_000002.jsonl")
+    failures = {r["episode"]: r["failure"] for r in found}
+    assert "RuntimeError: the simulator broke at step 3" in failures[2]
+    assert found[2]["length"] == 2  # the failed step is not counted
+    assert failures[3] == "non-finite observation"
+    assert failures[4].startswith("timeout")
+    assert [r["success"] for r in found] == [True, True, False, False, False, True]
+    assert all(failures[e] is None for e in (0, 1, 5))
+    assert validation_lines(tmp_path / "run")[2]["validation/episode_failures"] == 3
+
+
+@pytest.mark.slow
+def test_eval_of_a_checkpoint_equals_its_validation(world_runs: dict[str, str],
+                                                    tmp_path: Path) -> None:
+    """`eval` of the two-rank FSDP run's step_4 snapshot, in one process: the records and
+    metrics of the validation at update 4. Catches: eval loading other weights (the EMA's,
+    the initialisation), another seed or episode split, or its own batching."""
+    run = Path(world_runs["fsdp2"])
+    out = tmp_path / "eval"
+    proc = run_cli("eval", str(run / "step_4.pt"), "--out", str(out), "--no-progress",
+                   env=factories_env())
+    assert_ok(proc)
+    assert "validation/success_rate" in proc.stdout
+    expected = records(run / "evaluations" / "update_000004.jsonl")
+    got = records(out / "episodes.jsonl")
+    assert [{k: v for k, v in r.items() if k != "video"} for r in got] == \
+        [{k: v for k, v in r.items() if k != "video"} for r in expected]
+    assert [r.get("video") for r in got[:2]] == ["videos/episode_0000.mp4",
+                                                 "videos/episode_0001.mp4"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["step"] == 4 and summary["world_size"] == 1
+    assert summary["metrics"] == validation_lines(run)[4]
+    # Refused by name (exit 2), nothing overwritten: the same --out again; --ema without EMA.
+    before = (out / "summary.json").read_bytes()
+    for args, message in ((["--out", str(out)], f"--out {out}: exists"),
+                          (["--ema", "--out", str(tmp_path / "ema")], "--ema: the run of")):
+        proc = run_cli("eval", str(run), *args, env=factories_env())
+        assert proc.returncode == 2 and message in " ".join(proc.stderr.split()), proc.stderr
+    assert (out / "summary.json").read_bytes() == before
+    assert not (tmp_path / "ema").exists()
+
+
+def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path) -> None:
+    """Each refusal exits 2 naming what is wrong, and writes nothing. Catches: a traceback
+    (exit 1) instead, or an evaluation started without a section to say what to run."""
+    cases = [
+        (["eval", str(tmp_path / "missing")], "no such checkpoint file or run directory"),
+        (["eval", str(sl_ddp_one_process)], "has no evaluation section"),
+        (["eval", str(sl_ddp_one_process / "last.pt"), "--episodes", "0"], "--episodes"),
+        (["eval", str(tmp_path)], "is a directory without a snapshot"),
+    ]
+    for args, message in cases:
+        proc = run_cli(*args, env=factories_env())
+        assert proc.returncode == 2, (args, proc.stderr)
+        assert message in " ".join(proc.stderr.split()), (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path: Path
+                                                                         ) -> None:
+    """An unknown gymnasium id: train-sl and validate-config --build exit 2 naming it, and
+    no run directory is claimed. Catches: the env built only at the first validation
+    (a run that fails after training for a while)."""
+    recipe = write(tmp_path / "bad.yaml", tmp_path / "run",
+                   evaluation={"env": {"id": "NoSuchEnv-v0"}})
+    for args in (["train-sl", "--config", str(recipe), "--no-progress"],
+                 ["validate-config", str(recipe), "--build"]):
+        proc = run_cli(*args, env=factories_env())
+        assert proc.returncode == 2, proc.stderr
+        assert "evaluation.env: 'NoSuchEnv-v0'" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "run" / "run.json").exists()
+    # The EMA asked to act in a run that keeps none: the recipe itself is refused.
+    recipe = write(tmp_path / "ema.yaml", tmp_path / "run", evaluation={"acting": "ema"})
+    proc = run_cli("validate-config", str(recipe), env=factories_env())
+    assert proc.returncode == 2 and "evaluation.acting: ema needs trainer.ema" in \
+        " ".join(proc.stderr.split()), proc.stderr

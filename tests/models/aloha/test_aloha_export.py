@@ -1,0 +1,95 @@
+"""The ALOHA ACT policy exported with `embodichain export --policy` and driven by the
+framework-free runner in the MuJoCo scene acts as its checkpoint does (R-DEPLOY-1): the
+same states step by step on evaluation seeds, hence the same per-episode outcomes.
+
+Tiny: 2 recorded transfer-cube demonstrations, a 32-wide ACT trained for 4 updates,
+2 episodes of 40 steps (`embodichain-models[sim]`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.support import assert_ok, run_cli
+from tests.support.cli import invoke
+
+pytestmark = pytest.mark.slow  # a recording, a short run, an ONNX export (~1-2 min)
+
+STEPS = 40
+SEEDS = (100000, 100001)  # the recipe's first evaluation seeds
+
+
+@pytest.fixture(scope="module")
+def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("aloha_export")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+    subprocess.run([sys.executable, "-m", "embodichain_models.policies.aloha.prepare",
+                    "--task", "transfer_cube", "--episodes", "2", str(root / "data")],
+                   check=True, env=env, capture_output=True, timeout=300)
+    assert invoke("init", "aloha_act", str(root / "packaged.yaml")).exit_code == 0
+    recipe = yaml.safe_load((root / "packaged.yaml").read_text())
+    recipe["device"] = "cpu"
+    recipe["trainer"].update(batch_size=8, max_updates=4, validate_every=0, save_every=4,
+                             log_every=4, output_dir=str(root / "run"))
+    recipe["trainer"].pop("global_batch_size", None)
+    recipe["scheduler"]["warmup_updates"] = 1
+    recipe["model"].update(hidden=32, heads=2, feedforward=64)
+    recipe["data"].update(root=str(root / "data"), chunk=10)
+    recipe["evaluation"].update(episodes=2, max_steps=STEPS, envs_per_rank=1)
+    (root / "r.yaml").write_text(yaml.safe_dump(recipe))
+    assert_ok(run_cli("train-sl", "--config", str(root / "r.yaml"), "--no-progress"))
+    return root / "run"
+
+
+def rollout(policy, seed: int) -> tuple[np.ndarray, bool]:
+    """The joint states of one episode the policy drives, and whether it succeeded."""
+    import embodichain_models.envs  # noqa: F401  (registers the ids)
+    import gymnasium as gym
+
+    env = gym.make("embodichain_models/AlohaTransferCube-v0", task="transfer_cube")
+    obs, info = env.reset(seed=seed)
+    policy.reset(0)
+    states, success = [], False
+    for _ in range(STEPS):
+        batched = {k: np.asarray(v)[None] for k, v in obs.items()}
+        action = np.asarray(policy.act(batched))[0]
+        obs, _, terminated, truncated, info = env.step(action)
+        states.append(obs["observation.state"])
+        success = bool(info.get("is_success", False))
+        if terminated or truncated:
+            break
+    env.close()
+    return np.stack(states), success
+
+
+def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
+    """Catches an exported ACT whose chunks differ from the checkpoint's (normalisation not
+    baked in, another chunk length) or a runner whose temporal ensembling differs from the
+    recipe's (e.g. the newest chunk weighted most): driven by the runner on the evaluation
+    seeds, the ONNX artifact gives the checkpoint policy's joint states step by step (to
+    float32 rounding) and its outcomes."""
+    from embodichain_models.deploy.runner import PolicyRunner
+    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+
+    from embodichain.core.deploy.trained import trained_model
+
+    artifact = act_run.parent / "act.onnx"
+    result = invoke("export", str(act_run), "--policy", str(artifact))
+    assert result.exit_code == 0, result.output
+    runner = PolicyRunner(artifact)
+    assert runner.interface["execution"] == {"temporal_ensemble": 0.01}
+    assert runner.interface["chunk"] == 10 and runner.interface["fps"] == 50
+
+    model = trained_model(act_run / "last.pt").model
+    checkpoint_policy = policy_factory({"temporal_ensemble": 0.01})(model, "cpu")
+    for seed in SEEDS:
+        want, want_success = rollout(checkpoint_policy, seed)
+        got, got_success = rollout(runner, seed)
+        assert got_success == want_success
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,163 @@
+"""The ALOHA ACT recipe (R-ALOHA-1) end to end under torchrun (2 gloo ranks): a tiny recipe
+trains on recorded demonstrations, is judged closed-loop in gym-aloha's scene through the
+recipe's evaluation section, and resumes bitwise. The chunk execution and the deployable
+forward are checked on their own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from embodichain_models.policies.aloha.execution import ChunkExecution
+from embodichain_models.policies.aloha.model import ActPolicy, ActShape, objective
+from embodichain_models.policies.aloha.prepare import prepare
+
+from tests.models.aloha.helpers import UPDATES, tiny_recipe
+from tests.support.processes import assert_ok, run_torchrun, worker_env
+from tests.support.state_compare import assert_training_state_equal, comparable_records
+
+
+@pytest.fixture(scope="module")
+def demonstrations(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("aloha_train") / "transfer_cube"
+    prepare(root, "transfer_cube", episodes=2, seed=0, log=None)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(demonstrations: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny recipe trained uninterrupted by 2 ranks."""
+    root = tmp_path_factory.mktemp("aloha_reference")
+    recipe = tiny_recipe(root / "r.yaml", demonstrations, root / "run")
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", cwd=root,
+                           env=worker_env()))
+    return root / "run"
+
+
+@pytest.mark.slow  # torchrun workers and a simulator
+def test_two_ranks_train_and_judge_the_policy_closed_loop(reference: Path) -> None:
+    """Catches a recipe whose validation never runs the policy in the MuJoCo scene, a best
+    metric other than the success rate maximised, and a loss not masked by action_is_pad
+    (the recorded weight is the number of real steps of the global batch)."""
+    records = comparable_records(reference)
+    final = [r for r in records if "validation/success_rate" in r][-1]
+    assert final["step"] == UPDATES and final["validation/episode_length"] > 0
+    episodes = [json.loads(line) for line in
+                (reference / f"evaluations/update_{UPDATES:06d}.jsonl").read_text().splitlines()]
+    assert sorted(e["seed"] for e in episodes if "seed" in e) == [100000, 100001], episodes
+    run = json.loads((reference / "run.json").read_text())
+    assert run["best"] == {**run["best"], "metric": "validation/success_rate", "mode": "max"}
+    assert all(0 < r["train/weight"] <= 8 * 10 for r in records if "train/weight" in r)
+
+
+@pytest.mark.slow
+def test_resume_under_two_ranks_is_bitwise(demonstrations: Path, reference: Path,
+                                           tmp_path: Path) -> None:
+    """Catches state the snapshot misses (the model's normalisation buffers, the sampler,
+    the dropout streams of each rank) and an evaluation that depends on what ran before:
+    resumed from update 3 into a fresh directory, the run ends bitwise as the uninterrupted
+    one, with the same records (closed-loop outcomes included)."""
+    recipe = tiny_recipe(tmp_path / "r.yaml", demonstrations, tmp_path / "run")
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--resume",
+                           str(reference / "step_3.pt"), "--no-progress", cwd=tmp_path,
+                           env=worker_env()))
+    assert assert_training_state_equal(reference / "last.pt", tmp_path / "run/last.pt") >= 1
+    after = [r for r in comparable_records(reference) if r["step"] > 3]
+    assert [r for r in comparable_records(tmp_path / "run") if r["step"] > 3] == after
+
+
+def _model(cvae: bool = False) -> ActPolicy:
+    stats = {k: {"mean": torch.linspace(-1, 1, d), "std": torch.linspace(0.5, 2, d)} for k, d
+             in (("observation.state", 14), ("observation.environment_state", 7),
+                 ("action", 14))}
+    torch.manual_seed(0)
+    return ActPolicy(ActShape(14, 7, 14, 5, hidden=16, heads=2, feedforward=32, cvae=cvae),
+                     stats).eval()
+
+
+def test_temporal_ensembling_weighs_each_steps_predictions_as_act() -> None:
+    """Catches weights in the wrong order (ACT gives the oldest prediction exp(-m * 0)),
+    chunks indexed from the wrong step, a slot's history leaking into another slot or
+    surviving its reset, and a horizon that re-plans at the wrong steps."""
+    calls = []
+
+    def chunk_fn(obs):  # the chunk made at call c predicts 100 c + j for its step j
+        calls.append(obs["x"].clone())
+        c = len(calls) - 1
+        return torch.full((2, 4, 1), 100.0 * c) + torch.arange(4.0).view(1, 4, 1)
+
+    m = 0.5
+    ensemble = ChunkExecution(chunk_fn, ["x"], 4, temporal_ensemble=m)
+    outputs = [ensemble.act({"x": np.zeros((2, 1), np.float32)})[:, 0] for _ in range(3)]
+    predictions = [200.0, 100.0 + 1, 0.0 + 2]  # step 2: made at steps 2, 1, 0 (newest first)
+    weights = np.exp(-m * np.arange(3))[::-1]  # oldest (step 0's) weighs exp(0)
+    expected = (weights * predictions).sum() / weights.sum()
+    assert np.allclose(outputs[2], expected) and outputs[0][0] == 0.0
+    ensemble.reset(1)
+    after = ensemble.act({"x": np.zeros((2, 1), np.float32)})[:, 0]
+    assert after[1] == 300.0 and after[0] != 300.0
+    calls.clear()
+    follow = ChunkExecution(chunk_fn, ["x"], 4, horizon=2)
+    got = [follow.act({"x": np.zeros((2, 1), np.float32)})[0, 0] for _ in range(4)]
+    assert got == [0.0, 1.0, 200.0, 201.0]
+
+
+def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
+    """Catches normalisation left out of the export (observations or actions), the CVAE
+    latent sampled at execution, and an input order other than the interface's."""
+    model = _model(cvae=True)
+    obs = {"observation.state": torch.randn(3, 14), "observation.environment_state":
+           torch.randn(3, 7)}
+    keys = list(model.interface()["observations"])
+    with torch.no_grad():  # (as acting: the same attention kernels)
+        exported = model.deployable()(*(obs[k] for k in keys))
+    assert exported.shape == (3, 5, 14)
+    assert torch.equal(exported, model.act_chunk(obs))
+    assert torch.equal(model.act_chunk(obs), model.act_chunk(obs))
+    interface = model.interface()
+    assert interface["execution"] == {"temporal_ensemble": 0.01} and interface["fps"] == 50
+    batch = {**obs, "action": torch.randn(3, 5, 14),
+             "action_is_pad": torch.tensor([[False] * 5, [False] * 3 + [True] * 2,
+                                            [True] * 5])}
+    result = objective(model.train(), batch)
+    assert result.weight.item() == 8 and "kl" in result.metrics
+
+
+def test_a_camera_policy_sees_environment_frames_as_the_dataset_gives_them() -> None:
+    """Catches camera frames passed to the policy in the environment's layout (uint8
+    `[B, H, W, 3]`) rather than the dataset's (float `[B, 3, H, W]` in [0, 1]), and a camera
+    path that ignores the image: the executed action is the chunk of the converted frame,
+    and another frame changes it."""
+    stats = {k: {"mean": torch.zeros(d), "std": torch.ones(d)} for k, d in
+             (("observation.state", 14), ("observation.environment_state", 7), ("action", 14))}
+    torch.manual_seed(0)
+    model = ActPolicy(ActShape(14, 7, 14, 3, cameras=("top",), hidden=16, heads=2,
+                               feedforward=32, channels=4), stats).eval()
+    frames = np.random.default_rng(0).integers(0, 256, (2, 24, 32, 3), dtype=np.uint8)
+    obs = {"observation.state": np.zeros((2, 14), np.float32),
+           "observation.environment_state": np.zeros((2, 7), np.float32),
+           "observation.images.top": frames}
+    acted = ChunkExecution(model.act_chunk, model.observation_keys(), 3,
+                           horizon=3).act(obs)
+    image = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
+    expected = model.act_chunk({"observation.state": torch.zeros(2, 14),
+                                "observation.environment_state": torch.zeros(2, 7),
+                                "observation.images.top": image})[:, 0]
+    assert np.allclose(acted, expected.numpy(), atol=1e-6)
+    other = model.act_chunk({"observation.state": torch.zeros(2, 14),
+                             "observation.environment_state": torch.zeros(2, 7),
+                             "observation.images.top": image.flip(-1)})[:, 0]
+    assert not torch.allclose(other, expected)
+
+
+def test_the_packaged_recipe_is_the_transfer_cube_example() -> None:
+    """Catches `embodichain init aloha_act` drifting from the documented example."""
+    import yaml
+
+    from embodichain.core.recipe.packaged import recipe_text
+    from tests.models.aloha.helpers import EXAMPLE
+
+    assert yaml.safe_load(recipe_text("aloha_act")) == yaml.safe_load(EXAMPLE.read_text())
