@@ -55,6 +55,8 @@ def recipe(root: Path, name: str, run: Path, data: dict) -> Path:
                               "validate_every": 0, "log_every": 2, "data_workers": 0,
                               "output_dir": str(run), "best": None, "save_best": False})
     config["model"] = {"channels": 4, "hidden": 16}
+    if "evaluation" in config:  # never run (validate_every 0), but checked against the data
+        config["evaluation"]["env"]["kwargs"] = {"size": 16}
     config["data"] = {**{k: v for k, v in config["data"].items()
                          if k not in ("root", "mixture")}, "val_episodes": 1, **data}
     path = root / f"{name}.yaml"
