@@ -49,6 +49,8 @@ class ActShape:
     channels: int = 32
     fps: int = 50
     execution: dict[str, float] = field(default_factory=lambda: {"temporal_ensemble": 0.01})
+    image_sizes: tuple[tuple[int, int], ...] = ()
+    """(height, width) of each camera's frames, as `cameras` (for the interface)."""
 
 
 def _layers(hidden: int, heads: int, ff: int, dropout: float, n: int,
@@ -162,8 +164,10 @@ class ActPolicy(nn.Module):
                                "1 open), left arm first"},
             ENV_STATE: {"shape": [s.env_dim], "dtype": "float32",
                         "meaning": "object poses: xyz (m) and quaternion wxyz per object"}}
+        sizes = dict(zip(s.cameras, s.image_sizes, strict=False))
         for c in s.cameras:
-            observations[IMAGE_PREFIX + c] = {"shape": [3, "H", "W"], "dtype": "float32",
+            height, width = sizes.get(c, ("H", "W"))
+            observations[IMAGE_PREFIX + c] = {"shape": [3, height, width], "dtype": "float32",
                                               "meaning": f"camera {c!r}, RGB in [0, 1]"}
         return {"observations": observations,
                 "action": {"key": ACTION, "shape": [s.chunk, s.action_dim],

@@ -34,14 +34,16 @@ from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS
 MAX_HELD_OUT = 512  # held-out frames whose action error is validated (evenly spaced)
 
 
-def make_model(config: ActConfig, env_dim: int, stats: dict, fps: int) -> ActPolicy:
+def make_model(config: ActConfig, env_dim: int, stats: dict, fps: int,
+               image_sizes: dict[str, tuple[int, int]]) -> ActPolicy:
     m, e = config.model, config.execution
     execution = ({"temporal_ensemble": e.temporal_ensemble} if e.temporal_ensemble is not None
                  else {"horizon": e.horizon})
     shape = ActShape(len(JOINT_NAMES), env_dim, len(JOINT_NAMES), config.data.chunk,
                      tuple(config.data.cameras), m.hidden, m.heads, m.encoder_layers,
                      m.decoder_layers, m.feedforward, m.dropout, m.cvae, m.latent_dim,
-                     m.kl_weight, m.channels, fps, execution)
+                     m.kl_weight, m.channels, fps, execution,
+                     tuple(image_sizes[c] for c in config.data.cameras))
     return ActPolicy(shape, stats)
 
 
@@ -64,7 +66,7 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
         data = act_data(config)
     except (LeRobotFormatError, ImportError) as exc:
         raise UsageError(str(exc)) from None
-    model = make_model(config, data.env_dim, data.stats, data.fps)
+    model = make_model(config, data.env_dim, data.stats, data.fps, data.image_sizes)
     cache: dict[str, torch.Tensor] = {}
 
     def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
