@@ -55,10 +55,13 @@ def _learner(strategy):
     import torch
     from torch import nn
 
+    from embodichain.core.training.strategies import SpreadOptions
+
     torch.manual_seed(0)
     model = wide_mlp(WIDTH, DEPTH)
     blocks = [m for m in model if isinstance(m, nn.Linear) and m.in_features == WIDTH]
-    strategy.prepare(model, None, shard_blocks=blocks, reshard_after_forward=True)
+    strategy.options = SpreadOptions(tuple(blocks))  # the factory's blocks, as a learner gives
+    strategy.prepare(model, None)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,

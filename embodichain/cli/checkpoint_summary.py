@@ -244,8 +244,14 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
         resolve_framework_part,
     )
     from embodichain.core.recipe.schema import flatten_keys
-    from embodichain.core.runs.config_compat import config_differences, with_keys
+    from embodichain.core.runs.config_compat import (
+        config_differences,
+        keys_at_default,
+        moved,
+        with_keys,
+    )
     from embodichain.core.runs.elastic import continues_on_any_world_size
+    from embodichain.core.runs.resume_record import added_note
 
     run = _mapping(data["payload"].get("run"))
     step = int(data["manifest"]["step"])
@@ -279,7 +285,11 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
         raise ConfigError(checked.problems, str(recipe_path))
     # The recipe's own schema decides keys newer than the checkpoint, as at launch.
     schema = type(checked.recipe.config) if checked.recipe is not None else None
-    result["differences"] = config_differences(saved, current, step, schema)
+    result["differences"] = config_differences(saved, current, step, schema, same_source=True)
+    added = keys_at_default(saved, current, schema)  # the same, spelled out now (R-PREEMPT-3)
+    if added:
+        result["added"] = added_note(added)
+    moves = moved(saved, current, schema)
     result["problems"] += _destination_problems(current, checkpoint, run, step)
     world_size = data["manifest"].get("world_size")
     elastic = continues_on_any_world_size(saved, current)
@@ -292,7 +302,8 @@ def resume_check(data: Mapping[str, Any], checkpoint: Path, recipe_path: Path,
          else "launch one process, without torchrun") + "; exact recovery needs the "
         "checkpoint's world size (or trainer.global_batch_size in both recipes)",
         f"the factory's data must have source identity {run.get('source_identity')} "
-        "(checked at launch)",
+        "(checked at launch)" + ("; so may the data have moved: " + "; ".join(
+            f"{k}: {a} -> {b}" for k, (a, b) in sorted(moves.items())) if moves else ""),
     ]
     if result["differences"] or result["problems"]:
         result["compatible"] = False

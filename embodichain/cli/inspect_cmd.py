@@ -278,6 +278,8 @@ def _print_resume(console: Any, check: dict[str, Any]) -> None:
         lines.append("  differences (only trainer.output_dir, the log/validate/save intervals "
                      "and a higher max_updates may change):")
         lines += [f"  - {escape(diff)}" for diff in check["differences"]]
+    if check.get("added"):
+        lines.append(f"  {escape(check['added'])}")
     if check["compatible"] is not False:
         lines.append("  provided that:")
         lines += [f"  - {escape(condition)}" for condition in check["conditions"]]

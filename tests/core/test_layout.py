@@ -124,3 +124,25 @@ def test_the_checks_can_fail() -> None:
     assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}}) is None
+
+
+SHARDED_FORMAT = {f"embodichain.core.checkpoint.{m}"
+                  for m in ("sharded", "sharded_writer", "recut", "recut_exchange")}
+
+
+def test_resume_checks_ask_the_strategy_not_the_sharded_format() -> None:
+    """R-STRAT-1's seam: the start-up and the run directory's rules ask the strategy's
+    checkpoint format (core/checkpoint/formats.py), never the sharded format itself; and
+    `Strategy.prepare` takes no option of one strategy. Catches launch/start.py,
+    runs/resume_policy.py or runs/snapshots.py importing core/checkpoint/sharded to check
+    shards at resume (any import, also inside a function), and `prepare(model, groups, *,
+    shard_blocks, reshard_after_forward)`."""
+    bad = [f"{name} imports {target}" for name in MODULES if core_part(name) in ("launch", "runs")
+           for target, _ in imports_of(name) if target in SHARDED_FORMAT]
+    assert not bad, "\n".join(bad)
+    base = ast.parse(MODULES["embodichain.core.training.strategies.base"].read_text())
+    strategy = next(n for n in base.body if isinstance(n, ast.ClassDef) and n.name == "Strategy")
+    prepare = next(n for n in strategy.body
+                   if isinstance(n, ast.FunctionDef) and n.name == "prepare")
+    assert [a.arg for a in prepare.args.args + prepare.args.kwonlyargs] == [
+        "self", "model", "param_groups"]

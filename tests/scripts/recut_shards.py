@@ -31,7 +31,7 @@ from embodichain.core.training.strategies.fsdp import FsdpStrategy
 def make_learner(strategy: FsdpStrategy) -> SimpleNamespace:
     torch.manual_seed(100 + dist.get_world_size())  # unlike any saved state
     model = nn.Sequential(nn.Linear(3, 5), nn.BatchNorm1d(5), nn.Tanh(), nn.Linear(5, 1))
-    strategy.prepare(model, None, shard_blocks=[], reshard_after_forward=True)
+    strategy.prepare(model, None)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler,

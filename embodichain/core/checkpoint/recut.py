@@ -47,6 +47,7 @@ from embodichain.core.checkpoint.sharded import (
     payload_shards,
     shard_cuts,
 )
+from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 from embodichain.core.file_hash import file_sha256
@@ -109,11 +110,7 @@ def restore_recut(model: nn.Module, optimizer: torch.optim.Optimizer, ema: Any,
         raise CheckpointError(f"cannot continue {where} on {world} rank(s): {refusal}")
     table = payload_shards(payload)
     own = model.state_dict()
-    if set(own) != set(table[0]["cuts"]["model"]):
-        saved = set(table[0]["cuts"]["model"])
-        raise CheckpointError(f"the model's tensors differ from {where}'s: model "
-                              f"{sorted(set(own) - saved)[:5]} not saved, checkpoint "
-                              f"{sorted(saved - set(own))[:5]} not in the model")
+    refuse_other_tensors(own, table[0]["cuts"]["model"], where)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     mine = {"model": {n: _own_cut(v) for n, v in own.items()},
             "params": [_own_cut(p) for p in params]}

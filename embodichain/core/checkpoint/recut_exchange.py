@@ -193,3 +193,34 @@ def recv_rows(pairs: Sequence[tuple[Key, list[int], tuple[int, int]]],
             target.copy_(buffer)
         received[key] = b - a
     return received
+
+
+def own_shards(table: Mapping[int, Mapping[str, Any]], directory: Path,
+               read: Callable[[int], Any]) -> tuple[Any, str | None]:
+    """On the same world size: this rank's own old shard (`read(k)` reads and verifies old
+    shard k here), or what is wrong with it. A rank whose node does not see its shard
+    receives it whole from the lowest rank that does, which reads and verifies it (a node
+    replaced by an empty one; shards gathered on another node). Collective: one exchange,
+    then the sends in shard order, the same plan on every rank."""
+    from embodichain.core.errors import CheckpointError
+
+    def attempt(k: int) -> tuple[Any, str | None]:
+        try:
+            return read(k), None
+        except CheckpointError as exc:
+            return None, str(exc)
+
+    rank = process_group.rank()
+    here = sorted(k for k, e in table.items() if (directory / e["file"]).is_file())
+    views = process_group.broadcast_from_rank_zero(process_group.gather_to_rank_zero(here))
+    mine: tuple[Any, str | None] = (None, None)
+    for k in range(len(views)):
+        holders = [r for r, seen in enumerate(views) if k in seen]
+        if k in views[k] or not holders:  # read where it lies (or refused there by name)
+            if rank == k:
+                mine = attempt(k)
+        elif rank == holders[0]:
+            send_object(attempt(k), k)
+        elif rank == k:
+            mine = recv_object(holders[0])
+    return mine

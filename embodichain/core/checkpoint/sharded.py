@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint
+from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 
 STRATEGY = "fsdp"
@@ -169,10 +170,7 @@ def restore_shard(model: nn.Module, optimizer: torch.optim.Optimizer,
     """Load this rank's saved local shards into the sharded model and its optimizer."""
     saved = shard["model"]
     own = model.state_dict()
-    if set(own) != set(saved):
-        raise CheckpointError(f"the model's tensors differ from the checkpoint's: model "
-                              f"{sorted(set(own) - set(saved))[:5]} not saved, checkpoint "
-                              f"{sorted(set(saved) - set(own))[:5]} not in the model")
+    refuse_other_tensors(own, saved, "the checkpoint")
     with torch.no_grad():
         for name, value in own.items():
             target = local(value)

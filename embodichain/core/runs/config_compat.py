@@ -5,7 +5,9 @@ A key may differ when it changes only how a run is shown, checked or saved
 checkpoint was written) is no difference when this run's value is the schema's default (the
 framework's schema, or the factory's `config_schema`, read off the schema itself): a schema
 author gives a new key the default that reproduces the old behaviour. A key the checkpoint
-has and this run lacks (renamed or removed) is always a difference.
+has and this run lacks (renamed or removed) is always a difference. A field that only says
+where the data lies (`LOCATES_DATA`: a dataset root) may differ when the source's identity is
+unchanged: the data moved (R-PREEMPT-3).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from embodichain.core.recipe.best import patience_problems
+from embodichain.core.recipe.data_location import moved_locations, with_values
 from embodichain.core.recipe.schema import (
     NO_DEFAULT,
     FrameworkConfig,
@@ -29,12 +32,18 @@ ABSENT = "<absent>"
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], step: int,
-                       schema: type[BaseModel] | None = None) -> list[str]:
+                       schema: type[BaseModel] | None = None, same_source: bool = False
+                       ) -> list[str]:
     """Each recipe difference that forbids resuming, with both values. `schema`: the
     recipe's schema (the combined one of its factory; None: the framework's alone), whose
     defaults decide the keys `saved` lacks: such a key compares as its default (what the
     checkpoint was trained with); a section it lacks as a whole, key by key as absent.
-    Under the same global batch size the micro-batch and its count may change (elastic.py)."""
+    Under the same global batch size the micro-batch and its count may change (elastic.py).
+    `same_source`: the source identity is the checkpoint's, so data that moved (`moved`) is
+    no difference."""
+    if same_source:
+        saved = with_values(saved, {k: new for k, (_, new) in moved(saved, current,
+                                                                   schema).items()})
     old, new = flatten_keys(saved), flatten_keys(current)
     newer = newer_keys(saved, current, schema)
     elastic = ELASTIC_KEYS if continues_on_any_world_size(saved, current) else ()
@@ -57,6 +66,12 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], ste
         problems.append(f"trainer.max_updates: {max_updates} is below the checkpoint's "
                         f"update {step}")
     return problems
+
+
+def moved(saved: Mapping[str, Any], current: Mapping[str, Any],
+          schema: type[BaseModel] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The data locations (fields marked LOCATES_DATA) that differ: `{key: (old, new)}`."""
+    return moved_locations(saved, current, schema or FrameworkConfig)
 
 
 def _described(key: str, a: Any, b: Any) -> list[str]:

@@ -17,7 +17,6 @@ A run that already reached `trainer.max_updates` is complete: nothing is changed
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,32 +25,32 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from embodichain.core.checkpoint.file import check_rank_entries, read_checkpoint
+from embodichain.core.checkpoint.formats import CheckpointFormat, format_of
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.checkpoint.names import LAST, step_files
-from embodichain.core.checkpoint.sharded import check_shards_here, payload_to_restore
-from embodichain.core.errors import RefusedError
+from embodichain.core.errors import CheckpointError, RefusedError
 from embodichain.core.recipe.best import stopped_early
-from embodichain.core.recipe.schema import config_sha256
 from embodichain.core.runs.commands import command_for, fresh_command, resume_command
-from embodichain.core.runs.config_compat import config_differences, keys_at_default, with_keys
+from embodichain.core.runs.config_compat import config_differences, keys_at_default, moved
 from embodichain.core.runs.elastic import continues_on_any_world_size, world_size_change
 from embodichain.core.runs.fresh_claim import ClaimSite, before_claim
-from embodichain.core.runs.roll_back import roll_back
+from embodichain.core.runs.resume_record import (
+    Commit,
+    Committed,
+    InPlaceRecord,
+    added_note,
+    moved_note,
+)
 from embodichain.core.runs.run_dir import (
     METRICS,
     RUN_JSON,
-    TORN_METRICS,
     artifacts_in,
     claim,
-    move_torn_tail,
-    now_iso,
     read_metrics,
     read_run_json,
-    remove_stale_temp_files,
     require_fresh,
-    update_run_json,
 )
-from embodichain.core.runs.run_end import RUN_JSON_FORMAT, records_clean_stops
+from embodichain.core.runs.run_end import RUN_JSON_FORMAT
 from embodichain.core.runs.run_lock import (
     RunLock,
     describe_holder,
@@ -59,7 +58,8 @@ from embodichain.core.runs.run_lock import (
     refuse_if_locked,
 )
 from embodichain.core.runs.snapshots import (
-    ShardsElsewhere,
+    PartChecks,
+    PartsProblems,
     Snapshot,
     newest_snapshot,
     snapshot_files,
@@ -80,13 +80,18 @@ class Start:
 
 @dataclass
 class Prepared:
-    """What rank 0 decided: the run's identity and the payload to restore (None: from 0)."""
+    """What rank 0 decided: the run's identity and the payload to restore (None: from 0).
+    `commit` writes what a resume records (roll-back, events, world size, added keys, a
+    fresh destination's claim): the start-up runs it only once every rank has loaded its
+    state (R-PREEMPT-2); until then nothing in the directory has changed."""
 
     identity: dict[str, Any]
     payload: dict[str, Any] | None = None
     continued: bool = False  # resumed (from a snapshot, or an earlier run restarted at 0)
     notes: tuple[str, ...] = ()
     claimed: ClaimSite | None = None  # a fresh claim: what the directory held before it
+    commit: Commit | None = None
+    snapshot: Path | None = None  # the checkpoint the payload was read from
 
 
 class RunComplete(Exception):
@@ -107,7 +112,9 @@ def resume_problems(snapshot: Mapping[str, Any], resolved: Mapping[str, Any],
     problems = []
     saved_size = snapshot.get("world_size")
     differences = config_differences(snapshot.get("config") or {}, resolved,
-                                     int(snapshot.get("step") or 0), schema)
+                                     int(snapshot.get("step") or 0), schema,
+                                     same_source=snapshot.get("source_identity")
+                                     == identity["source_identity"])
     if saved_size != identity["world_size"] and not continues_on_any_world_size(
             snapshot.get("config") or {}, resolved):
         # A command that keeps this run's other differences would be refused in turn.
@@ -155,27 +162,31 @@ def _refuse_differences(what: str, problems: list[str]) -> None:
 
 def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLock,
             recipe_source: str | None = None, schema: type[BaseModel] | None = None,
-            elsewhere: ShardsElsewhere | None = None) -> Prepared:
+            checkpoint_format: CheckpointFormat | None = None,
+            elsewhere: PartsProblems | None = None) -> Prepared:
     """Decide how the run starts, lock and claim or continue its directory (rank 0 only).
 
     `identity` is this launch's identity (a new run id, config, source identity...);
     `schema` the recipe's schema, whose defaults decide keys newer than a checkpoint
     (None: the framework's alone). Raises RefusedError (exit 2) or RunComplete; on success
-    the directory is locked by `lock`. `elsewhere` asks the ranks of other nodes about the
-    shards only they hold, so that a snapshot counts as complete (or a named checkpoint is
-    refused) before anything changes.
+    the directory is locked by `lock`. A resume writes nothing here: its `commit` does,
+    once every rank has loaded. `checkpoint_format` is the strategy's (what its checkpoints
+    keep beside their file; None: as each file says); `elsewhere` asks the nodes of this
+    world about the parts this node does not hold, so that a snapshot counts as complete
+    (or a named checkpoint is refused) before anything changes.
     """
     resolved = identity["config"]
     max_updates = int(resolved["trainer"]["max_updates"])
+    site = _Site(checkpoint_format, elsewhere)
     if start.kind == "fresh":
         return _fresh(identity, directory, lock)
     if start.kind == "checkpoint":
         assert start.checkpoint is not None
         return _from_checkpoint(start.checkpoint, identity, directory, lock, recipe_source,
-                                schema, elsewhere)
+                                schema, site)
     if start.kind == "in_place":
         return _in_place(identity, directory, lock, max_updates, chosen=start.snapshot,
-                         again=f"resume {directory}", schema=schema, elsewhere=elsewhere)
+                         again=f"resume {directory}", schema=schema, site=site)
     # auto
     run_json = read_run_json(directory) if directory.is_dir() else None
     if run_json is None:
@@ -184,7 +195,26 @@ def prepare(start: Start, identity: dict[str, Any], directory: Path, lock: RunLo
         return _fresh(identity, directory, lock)
     return _in_place(identity, directory, lock, max_updates,
                      again=f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume auto",
-                     schema=schema, elsewhere=elsewhere)
+                     schema=schema, site=site)
+
+
+@dataclass(frozen=True)
+class _Site:
+    """The checkpoint format a resume reads (the strategy's) and who judges its parts."""
+
+    checkpoint_format: CheckpointFormat | None = None
+    elsewhere: PartsProblems | None = None
+
+    def format(self, data: Mapping[str, Any]) -> CheckpointFormat:
+        return self.checkpoint_format or format_of(data)
+
+    @property
+    def parts(self) -> PartChecks:
+        return PartChecks(lambda path, data: self.format(data).problems_here(data, path),
+                          self.elsewhere)
+
+    def payload(self, snapshot: Snapshot) -> dict[str, Any]:
+        return self.format(snapshot.data).payload_to_restore(snapshot.data, snapshot.path)
 
 
 def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared:
@@ -199,17 +229,19 @@ def _fresh(identity: dict[str, Any], directory: Path, lock: RunLock) -> Prepared
 
 def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path,
                      lock: RunLock, recipe_source: str | None,
-                     schema: type[BaseModel] | None = None,
-                     elsewhere: ShardsElsewhere | None = None) -> Prepared:
+                     schema: type[BaseModel] | None, site: _Site) -> Prepared:
     if checkpoint.is_dir():  # a run directory: its newest snapshot
-        newest = newest_snapshot(checkpoint, elsewhere=elsewhere)
+        newest = newest_snapshot(checkpoint, parts=site.parts)
         if newest is None:
             raise RefusedError(f"--resume {checkpoint}: the run directory holds no snapshot")
         checkpoint, data = newest.path, newest.data
     else:
         data = read_checkpoint(checkpoint)
+        problems = site.parts.problems(checkpoint, data)  # a named one is never replaced
+        if problems:
+            raise CheckpointError(f"cannot resume from the sharded checkpoint {checkpoint}: "
+                                  + "; ".join(problems) + ". Nothing was changed.")
     check_rank_entries(data, checkpoint)
-    check_shards_here(data, checkpoint, elsewhere)  # a named one is refused, never replaced
     snapshot = Snapshot(checkpoint, data)
     again = f"train-sl --config {recipe_source or 'RECIPE.yaml'} --resume {checkpoint}"
     _refuse_differences(str(checkpoint), resume_problems(snapshot.run, identity["config"],
@@ -219,7 +251,7 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
         _check_history_not_ahead(snapshot, directory, identity, recipe_source)
         _refuse_if_complete(snapshot, directory,
                             int(identity["config"]["trainer"]["max_updates"]), identity["config"])
-        return _continue(snapshot, identity, directory, schema=schema)
+        return _continue(snapshot, identity, directory, schema=schema, site=site)
     identity = {**identity, "resumed_from": {"run_id": snapshot.run.get("run_id"),
                                              "checkpoint": str(checkpoint),
                                              "step": snapshot.step}}
@@ -227,9 +259,30 @@ def _from_checkpoint(checkpoint: Path, identity: dict[str, Any], directory: Path
                                snapshot.step)
     if change is not None:
         identity["world_size_changes"] = [change]
-    prepared = _fresh(identity, directory, lock)
-    return Prepared(prepared.identity, payload_to_restore(data, checkpoint), continued=True,
-                    claimed=prepared.claimed)
+    if directory.is_dir():
+        refuse_if_locked(directory)
+    require_fresh(directory)  # read-only; the claim waits until every rank has loaded
+
+    def commit() -> Committed:
+        return Committed(claimed=_fresh(identity, directory, lock).claimed)
+
+    return Prepared(identity, site.payload(snapshot), continued=True,
+                    notes=tuple(_upgrade_notes(snapshot.run.get("config") or {}, identity,
+                                               schema)), commit=commit, snapshot=checkpoint)
+
+
+def _upgrade_notes(saved: Mapping[str, Any], identity: Mapping[str, Any],
+                   schema: type[BaseModel] | None) -> list[str]:
+    """What a resume from a checkpoint with recipe `saved` shows of what is the same but
+    spelled differently now (R-PREEMPT-3): keys added at their defaults, data moved."""
+    notes = []
+    added = keys_at_default(saved, identity["config"], schema)
+    if added:
+        notes.append(added_note(added))
+    moves = moved(saved, identity["config"], schema)
+    if moves:
+        notes.append(moved_note(moves))
+    return notes
 
 
 def _check_history_not_ahead(snapshot: Snapshot, directory: Path, identity: dict[str, Any],
@@ -278,8 +331,7 @@ def in_place_problem(checkpoint: Path, run_id: str | None, step: int, directory:
 
 def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_updates: int,
               chosen: Snapshot | None = None, again: str | None = None,
-              schema: type[BaseModel] | None = None,
-              elsewhere: ShardsElsewhere | None = None) -> Prepared:
+              schema: type[BaseModel] | None = None, site: _Site = _Site()) -> Prepared:
     """Continue the run in `directory` from its newest snapshot, rolling back what came after
     it, when this launch matches it (recipe, world size, data). `chosen` is the snapshot the
     caller already picked (`resume RUN_DIR` reads its recipe from it) with the shards this
@@ -297,9 +349,10 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
         raise RefusedError(f"{directory} changed while this command started: its run "
                            f"({describe_holder(holder)}) was still saving, and has ended "
                            "since; nothing was changed: run the command again")
-    snapshot = chosen if chosen is not None else newest_snapshot(directory, elsewhere=elsewhere)
-    if chosen is not None and elsewhere is not None and elsewhere(chosen.path, chosen.data):
-        snapshot = newest_snapshot(directory, elsewhere=elsewhere)  # says why, or refuses
+    snapshot = chosen if chosen is not None else newest_snapshot(directory, parts=site.parts)
+    if chosen is not None and site.elsewhere is not None and site.elsewhere(chosen.path,
+                                                                           chosen.data):
+        snapshot = newest_snapshot(directory, parts=site.parts)  # says why, or refuses
     if snapshot is not None and snapshot.run.get("run_id") != run_json.get("run_id"):
         raise RefusedError(
             f"{snapshot.path} belongs to run {snapshot.run.get('run_id')}, but {directory} "
@@ -314,9 +367,8 @@ def _in_place(identity: dict[str, Any], directory: Path, lock: RunLock, max_upda
                                                                         schema))
     if snapshot is not None:
         check_rank_entries(snapshot.data, snapshot.path)
-        check_shards_here(snapshot.data, snapshot.path)
         _refuse_if_complete(snapshot, directory, max_updates, identity["config"])
-    return _continue(snapshot, identity, directory, run_json, schema)
+    return _continue(snapshot, identity, directory, run_json, schema, site)
 
 
 def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
@@ -332,29 +384,16 @@ def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
 
 
 def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Path,
-              run_json: dict[str, Any] | None = None, schema: type[BaseModel] | None = None
-              ) -> Prepared:
-    """Roll back history beyond the snapshot, record the resume, keep the run's identity.
-    Keys newer than run.json's recipe, at their default here, are added to it (R-RESUME-2)."""
+              run_json: dict[str, Any] | None = None, schema: type[BaseModel] | None = None,
+              site: _Site = _Site()) -> Prepared:
+    """Continue the run in `directory` from `snapshot` keeping its identity: what the resume
+    records (resume_record.InPlaceRecord: roll-back of history beyond the snapshot, the
+    `resumed` event, keys newer than run.json's recipe at their default, data moved) is
+    decided here and written by `commit`, once every rank has loaded (R-PREEMPT-2)."""
     run_json = run_json if run_json is not None else read_run_json(directory) or {}
     step = snapshot.step if snapshot is not None else 0
     notes = [snapshot.note] if snapshot is not None and snapshot.note else []
-    events: list[dict[str, Any]] = []
-    removed = remove_stale_temp_files(directory)
-    if removed:
-        notes.append(f"removed {len(removed)} temporary file(s) left by an interrupted save")
-    if snapshot is not None and snapshot.damaged:
-        # The new history will save under these names: keep the damaged files for a look.
-        aside = [_set_aside(path) for path in snapshot.damaged]
-        events.append({"event": "damaged_snapshots_set_aside", "at": now_iso(),
-                       "files": [p.name for p in aside]})
-    torn = move_torn_tail(directory)  # first: a torn line is no record to roll back
-    rolled = roll_back(directory, step, events)  # records its event (and `events`) first
-    if rolled is not None:
-        notes.append(f"rolled back {rolled['records']} metrics record(s) of updates "
-                     f"{rolled['first_step']}..{rolled['last_step']} beyond the snapshot at "
-                     f"update {step}: moved to {directory / rolled['moved_to']}")
-    resumed = {"event": "resumed", "at": now_iso(), "step": step,
+    resumed = {"step": step,
                "checkpoint": snapshot.path.name if snapshot is not None else None,
                "world_size": identity["world_size"],
                "config_sha256": identity["config_sha256"],
@@ -363,48 +402,29 @@ def _continue(snapshot: Snapshot | None, identity: dict[str, Any], directory: Pa
                "max_updates": int(identity["config"]["trainer"]["max_updates"]),
                "best": identity.get("best"),  # trainer.best may change on resume
                # and so may trainer.deterministic: whether this stretch ran deterministic
-               "deterministic": bool(identity["config"]["trainer"].get("deterministic"))}
+               "deterministic": bool(identity["config"]["trainer"].get("deterministic")),
+               "versions": identity.get("versions")}  # the packages this stretch runs with
     change = (world_size_change(snapshot.run.get("world_size"), identity["world_size"], step)
               if snapshot is not None else None)
     if change is not None:
         resumed["world_size_from"] = change["from"]
-    if torn is not None:
-        resumed["torn_metrics_line_moved_to"] = TORN_METRICS
     if snapshot is not None and snapshot.note:
         resumed["note"] = snapshot.note
-    events.append(resumed)
-
     added = keys_at_default(run_json.get("config") or {}, identity["config"], schema)
     if added:
         resumed["config_keys_added"] = sorted(added)
-
-    def record(data: dict[str, Any]) -> None:
-        data.setdefault("events", []).extend(events)
-        # From this resume on, a clean stop is recorded (run_end): its absence says something.
-        if not records_clean_stops(data):
-            data["format_version"] = RUN_JSON_FORMAT
-        if change is not None:  # every continuation on another world size (R-ELASTIC-3)
-            data["world_size_changes"] = [*data.get("world_size_changes", []), change]
-            data["world_size"] = change["to"]
-        if added:  # the stored recipe records the keys it lacked, at their defaults
-            data["config"] = with_keys(data.get("config") or {}, added)
-            data["config_sha256"] = config_sha256(data["config"])
-
-    update_run_json(directory, record)
+        notes.append(added_note(added))
+    moves = moved(snapshot.run.get("config") or {} if snapshot is not None
+                  else run_json.get("config") or {}, identity["config"], schema)
+    if moves:
+        resumed["data_moved"] = {k: {"from": a, "to": b} for k, (a, b) in moves.items()}
+        notes.append(moved_note(moves))
+    record = InPlaceRecord(directory, step, resumed, change, added, moves,
+                           snapshot.damaged if snapshot is not None else ())
     continued = {**identity, "run_id": run_json.get("run_id"),
                  "created_at": run_json.get("created_at"),
                  "resumed_from": run_json.get("resumed_from")}
-    payload = (payload_to_restore(snapshot.data, snapshot.path) if snapshot is not None
-               else None)
-    return Prepared(continued, payload, continued=True, notes=tuple(notes))
-
-
-def _set_aside(path: Path) -> Path:
-    """Rename a damaged checkpoint to a name that is not `*.pt` and is not taken."""
-    target = path.with_name(path.name + ".damaged")
-    k = 1
-    while target.exists():
-        k += 1
-        target = path.with_name(f"{path.name}.damaged{k}")
-    os.replace(path, target)
-    return target
+    payload = site.payload(snapshot) if snapshot is not None else None
+    return Prepared(continued, payload, continued=True, notes=tuple(notes),
+                    commit=record.commit,
+                    snapshot=snapshot.path if snapshot is not None else None)

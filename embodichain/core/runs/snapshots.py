@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.checkpoint.formats import problems_here
 from embodichain.core.checkpoint.manifest import read_manifest
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import CheckpointError, RefusedError
@@ -42,13 +43,29 @@ class Snapshot:
         return self.data["payload"]["run"]
 
 
-# What is wrong with the shards of a manifest (path, verified data) that other nodes hold, as
-# their own ranks find them (launch/train asks them): [] when they all verify.
-ShardsElsewhere = Callable[[Path, Mapping[str, Any]], list[str]]
+# What is wrong with the parts of a checkpoint (path, verified data): [] when they verify.
+PartsProblems = Callable[[Path, Mapping[str, Any]], list[str]]
+
+
+@dataclass(frozen=True)
+class PartChecks:
+    """How the parts a checkpoint keeps beside its file (an FSDP manifest's shards) are
+    judged: `here` by this node (default: as the file's own format says, formats.py), then
+    `elsewhere` by the nodes of this world that hold the others (launch/start asks them, a
+    collective). A resume passes its strategy's checkpoint format."""
+
+    here: PartsProblems = problems_here
+    elsewhere: PartsProblems | None = None
+
+    def problems(self, path: Path, data: Mapping[str, Any]) -> list[str]:
+        found = self.here(path, data)
+        if not found and self.elsewhere is not None:
+            found = self.elsewhere(path, data)
+        return found
 
 
 def newest_snapshot(directory: Path, *, verify: bool = True,
-                    elsewhere: ShardsElsewhere | None = None) -> Snapshot | None:
+                    parts: PartChecks | None = None) -> Snapshot | None:
     """The newest complete snapshot of a run directory: by step, digest-verified (R-RESUME-8).
 
     last.pt is normally the newest (it is published before the step file of the same
@@ -56,13 +73,14 @@ def newest_snapshot(directory: Path, *, verify: bool = True,
     the note says so. A sharded manifest verifies when its shards on this node do (each
     shard's digest against the manifest's record of it) and, with `elsewhere`, those on
     other nodes too (asked only of a manifest complete here, newest first, so each node
-    reads one shard per candidate until one is complete). None when the run never saved a
+    reads one shard per candidate until one is complete; `parts` says how). None when the run
+    never saved a
     snapshot; RefusedError when it saved some and none verifies. `verify=False` takes a
     file whose manifest reads as complete (no digest check, no torch): the choice `resume`
     makes unless a file is damaged inside.
     """
     def read(path: Path) -> dict[str, Any]:
-        return _read_verified(path, elsewhere) if verify else _read_manifest(path)
+        return _read_verified(path, parts or PartChecks()) if verify else _read_manifest(path)
 
     problems: list[str] = []
     damaged: list[Path] = []
@@ -117,18 +135,15 @@ def where_to_continue(directory: Path) -> str:
             else f"no snapshot was saved in {directory} yet")
 
 
-def _read_verified(path: Path, elsewhere: ShardsElsewhere | None = None) -> dict[str, Any]:
-    """The verified checkpoint at `path`; a sharded manifest is complete only when its
-    shards verify too (those this node holds or sees, then those `elsewhere` reports on),
-    so that a run whose last.pt names a missing or damaged shard continues from its newest
-    complete step file instead."""
+def _read_verified(path: Path, parts: PartChecks) -> dict[str, Any]:
+    """The verified checkpoint at `path`; one that keeps parts beside it (a sharded
+    manifest) is complete only when its parts verify too (`parts`: those this node holds
+    or sees, then those the other nodes report on), so that a run whose last.pt names a
+    missing or damaged shard continues from its newest complete step file instead."""
     from embodichain.core.checkpoint.file import read_checkpoint  # torch
-    from embodichain.core.checkpoint.sharded import shard_problems_here
 
     data = read_checkpoint(path)
-    problems = shard_problems_here(data, path)
-    if not problems and elsewhere is not None:
-        problems = elsewhere(path, data)
+    problems = parts.problems(path, data)
     if problems:
         raise CheckpointError("; ".join(problems))
     return data
@@ -164,13 +179,13 @@ class StoredRecipe:
     snapshot: Snapshot | None
 
 
-def stored_recipe(directory: Path) -> StoredRecipe:
+def stored_recipe(directory: Path, parts: PartChecks | None = None) -> StoredRecipe:
     """The recipe of the run in `directory`: its newest snapshot's, else run.json's."""
     if not directory.is_dir():
         raise RefusedError(f"{directory} is not a run directory"
                            + (" (it is a file)" if directory.exists() else
                               " (no such directory)"))
-    snapshot = newest_snapshot(directory)
+    snapshot = newest_snapshot(directory, parts=parts)
     if snapshot is not None:  # under G, launched again on any world size (elastic.py)
         return StoredRecipe(without_derived_keys(snapshot.run["config"]),
                             f"{snapshot.path} (stored recipe)", snapshot)

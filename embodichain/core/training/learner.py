@@ -28,7 +28,7 @@ from embodichain.core.training.param_groups import (
     build_param_groups,
 )
 from embodichain.core.training.precision import Precision
-from embodichain.core.training.strategies import Strategy, make_strategy
+from embodichain.core.training.strategies import SpreadOptions, Strategy, make_strategy
 
 Batch = dict[str, torch.Tensor]
 
@@ -104,11 +104,11 @@ class Learner:
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
         self.device = device
         self.precision = precision
-        self.strategy: Strategy = make_strategy(strategy, device, precision)
+        self.strategy: Strategy = make_strategy(
+            strategy, device, precision,
+            SpreadOptions(tuple(shard_blocks), reshard_after_forward))
         self.model = model.to(device).train()  # validation switches back after eval()
-        param_groups = self.strategy.prepare(self.model, param_groups,
-                                             shard_blocks=shard_blocks,
-                                             reshard_after_forward=reshard_after_forward)
+        param_groups = self.strategy.prepare(self.model, param_groups)
         # train-sl --init-from: each rank its own rows, once the strategy has spread the
         # model (an FSDP rank reads only its shard's) and before the EMA copies it.
         load_pending(self.model)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     )
     from embodichain.core.evaluation.policy import ClosedLoopPolicy, MakePolicy, Success
     from embodichain.core.launch.api import build_trainer, load_recipe, train
+    from embodichain.core.recipe.data_location import LOCATES_DATA
     from embodichain.core.recipe.evaluation_schema import EnvConfig, EvaluationConfig
     from embodichain.core.recipe.loading import Recipe
     from embodichain.core.recipe.schema import (
@@ -69,6 +70,7 @@ _HOMES = {
                                 "UsageError"),
     "embodichain.core.launch.api": ("build_trainer", "load_recipe", "train"),
     "embodichain.core.recipe.loading": ("Recipe",),
+    "embodichain.core.recipe.data_location": ("LOCATES_DATA",),
     "embodichain.core.training.learner": ("Learner", "UpdateResult"),
     "embodichain.core.training.objective": ("LossResult", "Objective"),
     "embodichain.core.data.source": ("Source", "TensorSource", "tensor_digest"),
@@ -88,6 +90,7 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "EpochSampler",
     "Evaluate",
     "FrameworkConfig",
+    "LOCATES_DATA",
     "Learner",
     "LossResult",
     "Objective",

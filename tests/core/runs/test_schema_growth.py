@@ -45,7 +45,9 @@ def resumed(before: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(before, run)
     for name in ("step_8.pt", "last.pt"):  # in place from update 4 (later metrics rolled back)
         (run / name).unlink()
-    assert_ok(run_cli("resume", str(run), "--no-progress", env=GROWN))
+    proc = run_cli("resume", str(run), "--no-progress", env=GROWN)
+    assert_ok(proc)
+    (run.parent / "resume.out").write_text(proc.stdout + proc.stderr)  # what the user saw
     return run
 
 
@@ -53,12 +55,21 @@ def test_a_grown_key_at_its_default_resumes_exactly(before: Path, resumed: Path,
                                                     tmp_path: Path) -> None:
     """Catches a key the schema gained refusing every older checkpoint (`data.train_episodes:
     checkpoint '<absent>', this run 0`), inspect-checkpoint disagreeing with train-sl, a
-    resume that does not continue bitwise, and run.json not recording the key it lacked."""
+    resume that does not continue bitwise, run.json not recording the key it lacked, and
+    the key added silently (R-PREEMPT-3: neither the resume nor `inspect-checkpoint
+    --config` says "added since this checkpoint")."""
     recipe = write_recipe(tmp_path / "grown.yaml", tmp_path / "unused", **SMALL)
     verdict = run_cli("inspect-checkpoint", str(before / "step_4.pt"), "--json", "--config",
                       str(recipe), env=GROWN)
     assert_ok(verdict)
     assert json.loads(verdict.stdout)["resume"]["differences"] == []
+    added = "added since this checkpoint: data.train_episodes = 0 (the default)"
+    assert json.loads(verdict.stdout)["resume"]["added"] == added
+    shown = run_cli("inspect-checkpoint", str(before / "step_4.pt"), "--config", str(recipe),
+                    env=GROWN)
+    assert_ok(shown)
+    assert added in " ".join(shown.stdout.split()), shown.stdout
+    assert added in (resumed.parent / "resume.out").read_text()  # printed at resume too
     assert_training_state_equal(resumed / "step_8.pt", before / "step_8.pt")
     identity = json.loads((resumed / "run.json").read_text())
     assert identity["config"]["data"]["train_episodes"] == 0

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from embodichain.core.checkpoint.formats import SINGLE_FILE, CheckpointFormat
 from embodichain.core.checkpoint.sharded import SHARD_DIRECTORY, check_compatible
 from embodichain.core.checkpoint.writer import SaveJob
 from embodichain.core.distributed import process_group
@@ -63,23 +64,35 @@ class Snapshot:
     after_publish: Callable[[], None] | None = None
 
 
+@dataclass(frozen=True)
+class SpreadOptions:
+    """What the factory and the recipe say about spreading the model (`shard_blocks`,
+    `trainer.fsdp`); each strategy reads what applies to it."""
+
+    shard_blocks: Sequence[nn.Module] = ()
+    reshard_after_forward: bool = True
+
+
 class Strategy(ABC):
     """One way of spreading the model over the ranks; built by the learner, on every rank."""
 
     name: str  # the value of `trainer.strategy`
+    # What its checkpoints keep beside their file, as resume-time checks ask it (formats.py)
+    checkpoint_format: CheckpointFormat = SINGLE_FILE
     # Whether a forward of the model is a collective (every rank must run it together):
     # the closed-loop evaluation then steps every rank in lockstep (R-EVAL-2).
     collective_forward: bool = False
 
-    def __init__(self, device: torch.device, precision: str) -> None:
+    def __init__(self, device: torch.device, precision: str,
+                 options: SpreadOptions | None = None) -> None:
         self.device = device
         self.precision = precision
+        self.options = options or SpreadOptions()
 
     # -- the model ---------------------------------------------------------------------
 
     @abstractmethod
-    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None, *,
-                shard_blocks: Sequence[nn.Module], reshard_after_forward: bool
+    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         """Before the optimizer exists: spread `model` over the ranks; the factory's
         parameter groups, on the parameters the optimizer will hold."""

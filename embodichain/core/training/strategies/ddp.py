@@ -27,11 +27,17 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from embodichain.core.checkpoint.rank_state import continued_from
+from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
 from embodichain.core.checkpoint.writer import FileSave
 from embodichain.core.distributed import process_group
 from embodichain.core.training.ema import Ema
 from embodichain.core.training.precision import autocast, compiled
-from embodichain.core.training.strategies.base import Snapshot, Strategy, Trained
+from embodichain.core.training.strategies.base import (
+    Snapshot,
+    SpreadOptions,
+    Strategy,
+    Trained,
+)
 
 # torch >= 2.12 renamed `broadcast_buffers`; both mean: no buffer broadcast in forward.
 _DDP_PARAMETERS = inspect.signature(DistributedDataParallel).parameters
@@ -69,15 +75,15 @@ class DdpStrategy(Strategy):
 
     name = "ddp"
 
-    def __init__(self, device: torch.device, precision: str) -> None:
-        super().__init__(device, precision)
+    def __init__(self, device: torch.device, precision: str,
+                 options: SpreadOptions | None = None) -> None:
+        super().__init__(device, precision, options)
         self._model: nn.Module | None = None
         self._ddp: DistributedDataParallel | None = None
         self._reduce = _ReduceState(dist.group.WORLD if process_group.is_distributed()
                                     else None)
 
-    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None, *,
-                shard_blocks: Sequence[nn.Module], reshard_after_forward: bool
+    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         self._model = model
         return param_groups
@@ -134,6 +140,7 @@ class DdpStrategy(Strategy):
         }
 
     def load_learner_state(self, learner: Trained, state: Mapping[str, Any]) -> None:
+        refuse_other_tensors(learner.model.state_dict(), state["model"], "the checkpoint")
         learner.model.load_state_dict(state["model"])
         learner.optimizer.load_state_dict(state["optimizer"])
         learner.scheduler.load_state_dict(state["scheduler"])

@@ -35,7 +35,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from embodichain.core.checkpoint.formats import SHARDED
 from embodichain.core.checkpoint.recut import restore_recut
+from embodichain.core.checkpoint.recut_exchange import own_shards
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
     read_shard,
@@ -52,7 +54,13 @@ from embodichain.core.checkpoint.sharded_writer import (
 from embodichain.core.distributed import process_group, sharding
 from embodichain.core.errors import CheckpointError
 from embodichain.core.training.sharded_ema import ShardedEma
-from embodichain.core.training.strategies.base import Snapshot, Strategy, Trained, ValidationFailed
+from embodichain.core.training.strategies.base import (
+    Snapshot,
+    SpreadOptions,
+    Strategy,
+    Trained,
+    ValidationFailed,
+)
 
 # How long a rank whose validation failed looks for a peer's word first. A peer that failed
 # before it left its word before it stopped, so it is there at once; this only covers the
@@ -64,16 +72,17 @@ class FsdpStrategy(Strategy):
     """FSDP2 over every rank (a one-rank group of its own in a single process)."""
 
     name = "fsdp"
+    checkpoint_format = SHARDED
     collective_forward = True  # each block all-gathers its parameters
 
-    def __init__(self, device: torch.device, precision: str) -> None:
-        super().__init__(device, precision)
+    def __init__(self, device: torch.device, precision: str,
+                 options: SpreadOptions | None = None) -> None:
+        super().__init__(device, precision, options)
         self._model: nn.Module | None = None
         self._owns_group = False
         self._save_group: Any = None
 
-    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None, *,
-                shard_blocks: Sequence[nn.Module], reshard_after_forward: bool
+    def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         """Shard `model` in place (its parameters become DTensor shards); the factory's
         parameter groups, which name the old parameters, rebuilt on the new ones."""
@@ -86,9 +95,9 @@ class FsdpStrategy(Strategy):
                 raise ValueError(f"param_groups[{i}] holds a tensor that is not a parameter "
                                  "of the model")
             by_name.append((group, [names[id(p)] for p in params]))
-        sharding.shard_model(model, self.device, blocks=shard_blocks,
+        sharding.shard_model(model, self.device, blocks=self.options.shard_blocks,
                              precision=self.precision,
-                             reshard_after_forward=reshard_after_forward)
+                             reshard_after_forward=self.options.reshard_after_forward)
         self._model = model
         self._save_group = save_group()  # every rank, at the same point
         if param_groups is None:
@@ -153,7 +162,8 @@ class FsdpStrategy(Strategy):
         return common
 
     def restore(self, learner: Trained, payload: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Verify every rank's shard (collective), then load this rank's. Saved by another
+        """Verify every rank's shard (collective), then load this rank's (read on its node,
+        or sent whole by a rank of a node that holds it: recut_exchange). Saved by another
         world size (allowed by `check_format`): the old shards are re-cut (recut.py) and
         old rank 0's own state is returned (from which the trainer derives this rank's)."""
         self.check_format(payload)
@@ -164,11 +174,8 @@ class FsdpStrategy(Strategy):
         directory = Path(payload["sharded"][SHARD_DIRECTORY])
         data = {"manifest": {"world_size": int(payload["run"]["world_size"])},
                 "payload": payload}
-        shard, problem = None, None
-        try:
-            shard = read_shard(directory, data, process_group.rank())["payload"]
-        except CheckpointError as exc:
-            problem = str(exc)
+        shard, problem = own_shards(shard_table(data), directory,
+                                    lambda k: read_shard(directory, data, k)["payload"])
         everyone = process_group.broadcast_from_rank_zero(
             process_group.gather_to_rank_zero(problem))
         problems = [p for p in everyone if p is not None]

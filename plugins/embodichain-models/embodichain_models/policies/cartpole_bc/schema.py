@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.learning.sl import Section
+from embodichain.learning.sl import LOCATES_DATA, Section
 
 PREPARE_COMMAND = "python -m embodichain_models.policies.cartpole_bc.prepare --out DIR"
 
@@ -30,7 +30,7 @@ def _dataset_root(path: Path) -> Path:
     return path
 
 
-DatasetRoot = Annotated[Path, Strict(False), AfterValidator(_dataset_root)]
+DatasetRoot = Annotated[Path, Strict(False), AfterValidator(_dataset_root), LOCATES_DATA]
 
 
 class ModelSection(Section):
