@@ -326,7 +326,6 @@ def test_fsdp_on_two_nodes_the_node_without_the_file_receives_only_its_rows(
     the whole state (a full tensor sent or broadcast to it), and a node that must hold the
     file (refused, or a crash, where it lacks it)."""
     import socket
-    import uuid
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.support.processes import run_python_module
@@ -344,8 +343,9 @@ def test_fsdp_on_two_nodes_the_node_without_the_file_receives_only_its_rows(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-                  f"--rdzv-id={uuid.uuid4().hex[:8]}"]
+    # Static rendezvous: --node-rank decides which node holds rank 0 (c10d's order follows
+    # arrival, so the node without the file could become rank 0 under load).
+    rendezvous = ["--master-addr=127.0.0.1", f"--master-port={port}"]
 
     def node(rank: int):  # noqa: ANN202
         return run_python_module(
