@@ -212,8 +212,17 @@ def _check_archive(path: Path) -> None:
     with open(path, "rb") as f:
         head = f.read(4)
     if not head:
-        raise CheckpointCorruptError(f"checkpoint {path} is empty (0 bytes): truncated")
-    if head != b"PK\x03\x04":  # torch.save writes a zip archive; this is something else
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupt: empty (0 bytes), truncated")
+    magic = b"PK\x03\x04"
+    if len(head) < len(magic) and magic.startswith(head):
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupt or truncated "
+                                     f"({len(head)} bytes)")
+    same = sum(a == b for a, b in zip(head, magic, strict=False))
+    if head != magic and len(head) == len(magic) and same >= 3:
+        # one damaged byte of a torch archive's first header, not another kind of file
+        raise CheckpointCorruptError(f"checkpoint {path} is corrupt: its archive header "
+                                     f"starts with {head!r}")
+    if head != magic:  # torch.save writes a zip archive; this is something else
         raise CheckpointError(f"{path} is not an embodichain checkpoint: not a torch file "
                               "(torch.save writes a zip archive; this one starts with "
                               f"{head!r})")

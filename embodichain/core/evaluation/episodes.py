@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+# numpy is imported in the functions: it comes with gymnasium, where an evaluation runs,
+# and the trainer imports this module whether or not one is configured.
 from embodichain.core.evaluation.policy import ClosedLoopPolicy, Success
 from embodichain.core.evaluation.slots import TIMEOUT, Slot
 from embodichain.core.evaluation.video import FilmEncoder
@@ -70,6 +70,7 @@ class Outcome:
 
 def nonfinite(value: Any) -> bool:
     """Whether an observation (array, number, or a dict / tuple of them) holds a NaN or inf."""
+    import numpy as np
     if isinstance(value, Mapping):
         return any(nonfinite(v) for v in value.values())
     if isinstance(value, tuple | list):
@@ -80,6 +81,7 @@ def nonfinite(value: Any) -> bool:
 
 def to_numpy(actions: Any) -> Any:
     """A policy's actions (torch or numpy, or a dict of them) as numpy."""
+    import numpy as np
     if isinstance(actions, Mapping):
         return {k: to_numpy(v) for k, v in actions.items()}
     if hasattr(actions, "detach"):
@@ -94,6 +96,7 @@ class EpisodeRunner:
                  spaces: tuple[Any, Any], success: Success,
                  lockstep: Callable[[bool, int], tuple[bool, int]] | None = None,
                  progress: Callable[[int], None] | None = None) -> None:
+        import numpy as np
         from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
         self.slots, self.policy, self.plan, self.success = slots, policy, plan, success

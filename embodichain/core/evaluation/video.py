@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import io
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # numpy comes with gymnasium, imported only where an evaluation runs
+    import numpy as np
 
 AV_HINT = "pip install 'embodichain[eval]'"
 
@@ -30,6 +31,7 @@ def av_module() -> Any:
 
 def _even(frame: np.ndarray) -> np.ndarray:
     """yuv420p needs even sides: an odd row or column is repeated."""
+    import numpy as np
     h, w = frame.shape[:2]
     if h % 2 or w % 2:
         frame = np.pad(frame, ((0, h % 2), (0, w % 2), (0, 0)), mode="edge")
@@ -48,6 +50,7 @@ class FilmEncoder:
         self.frames = 0
 
     def add(self, frame: Any) -> None:
+        import numpy as np
         image = _even(np.asarray(frame, dtype=np.uint8)[..., :3])
         if self.container is None:
             self.container = self.av.open(self.buffer, "w", format="mp4")
