@@ -35,18 +35,24 @@ def model_state(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
     return read_checkpoint(run / name)["payload"]["learner"]["model"]
 
 
+@pytest.fixture(scope="module")
+def k4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example recipe (200 updates, snapshots at 100 and 200) by 2 torchrun workers with
+    micro-batches of 8 and K = 4: the same examples per update as its batch of 32."""
+    return train(tmp_path_factory.mktemp("k4"), "k4", **{"trainer.batch_size": 8,
+                                                         "trainer.grad_accumulation": 4})
+
+
 @pytest.mark.slow
-def test_k4_batch_8_equals_k1_batch_32_over_200_updates(tmp_path: Path) -> None:
+def test_k4_batch_8_equals_k1_batch_32_over_200_updates(k4: Path, sl_ddp_two_workers: Path
+                                                        ) -> None:
     """Same examples (each rank draws its 32 indices per update in order, cut into 4
     micro-batches of 8), same update; catches accumulation that draws each micro-batch
     afresh, averages per micro-batch, or divides by K. Only the summation order differs
     (4 partial sums added instead of one sum of 32), so the parameters after 200 Adam
-    updates agree to float32 rounding, 1e-5 relative, not bitwise."""
-    common = {"trainer.max_updates": 200, "trainer.validate_every": 0,
-              "trainer.save_every": 0, "trainer.log_every": 50}
-    k4 = train(tmp_path, "k4", **common, **{"trainer.batch_size": 8,
-                                             "trainer.grad_accumulation": 4})
-    k1 = train(tmp_path, "k1", **common, **{"trainer.batch_size": 32})
+    updates agree to float32 rounding, 1e-5 relative, not bitwise. K = 1 is the shared
+    run of the same recipe with batches of 32 (conftest's `sl_ddp_two_workers`)."""
+    k1 = sl_ddp_two_workers
     a, b = model_state(k4), model_state(k1)
     for name in b:
         scale = b[name].abs().max().item()
@@ -54,6 +60,7 @@ def test_k4_batch_8_equals_k1_batch_32_over_200_updates(tmp_path: Path) -> None:
     # Not vacuous: the runs learned (the loss halved), and agree update by update.
     loss_k4 = [r["train/loss"] for r in comparable_records(k4) if "train/loss" in r]
     loss_k1 = [r["train/loss"] for r in comparable_records(k1) if "train/loss" in r]
+    assert len(loss_k1) == 20
     assert loss_k4 == pytest.approx(loss_k1, rel=1e-5) and loss_k1[-1] < 0.5 * loss_k1[0]
 
 
@@ -137,22 +144,20 @@ def test_one_allreduce_per_update_not_one_per_micro_batch(accumulated) -> None:
 
 
 @pytest.mark.slow
-def test_resume_mid_run_with_k4_is_bitwise(tmp_path: Path) -> None:
-    """Resuming at update 20 of 40 with K = 4 gives the uninterrupted run, bitwise: catches a
-    sampler position counted in micro-batches, or a resume that redraws part of an update."""
-    common = {"trainer.max_updates": 40, "trainer.save_every": 20, "trainer.validate_every": 20,
-              "trainer.log_every": 5, "trainer.batch_size": 8, "trainer.grad_accumulation": 4}
-    full = train(tmp_path, "full", **common)
+def test_resume_mid_run_with_k4_is_bitwise(k4: Path, tmp_path: Path) -> None:
+    """Resuming at update 100 of 200 with K = 4 gives the uninterrupted run, bitwise: catches
+    a sampler position counted in micro-batches, or a resume that redraws part of an update."""
+    common = {"trainer.batch_size": 8, "trainer.grad_accumulation": 4}
     recipe = write_recipe(tmp_path / "resumed.yaml", tmp_path / "resumed", **common)
     assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
-                           "--resume", str(full / "step_20.pt")))
-    assert assert_training_state_equal(full / "last.pt", tmp_path / "resumed" / "last.pt") > 0
-    after = [r for r in comparable_records(full) if r["step"] > 20]
+                           "--resume", str(k4 / "step_100.pt")))
+    assert assert_training_state_equal(k4 / "last.pt", tmp_path / "resumed" / "last.pt") > 0
+    after = [r for r in comparable_records(k4) if r["step"] > 100]
     assert comparable_records(tmp_path / "resumed") == after
     # Changing K refuses the resume, naming the key (training configuration, R-RESUME-2).
     changed = write_recipe(tmp_path / "k2.yaml", tmp_path / "k2",
                            **{**common, "trainer.grad_accumulation": 2})
-    proc = cli_in_process("inspect-checkpoint", str(full / "step_20.pt"), "--config", str(changed))
+    proc = cli_in_process("inspect-checkpoint", str(k4 / "step_100.pt"), "--config", str(changed))
     assert proc.returncode == 1 and "trainer.grad_accumulation: checkpoint 4, this run 2" \
         in proc.stdout + proc.stderr
 
