@@ -95,7 +95,11 @@ def reference(restart_reference: Path) -> Path:
     return restart_reference
 
 
-@pytest.mark.parametrize("rdzv", ["static", "c10d"])
+# c10d only: a static rendezvous trains its first 130 updates, then the rest after a restart,
+# in test_resume_auto_survives_a_sigkill_of_node_1s_worker, which compares that whole run
+# (every checkpoint, record and event) with the reference the same way and node 1's
+# directory alike; another uninterrupted static launch would repeat it.
+@pytest.mark.parametrize("rdzv", ["c10d"])
 def test_two_nodes_train_exactly_like_one_node(rdzv: str, reference: Path, tmp_path: Path
                                                ) -> None:
     """Catches any difference from one node in a checkpoint, a record or an event, and a
@@ -233,10 +237,11 @@ def _shards_of(run: Path, shard_runs: dict[int, Path], name: str = "last.pt") ->
 
 def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) -> None:
     """Each node writes its rank's shard into its own copy of the run directory, rank 0's
-    node also the manifests; `resume RUN_DIR` on both nodes continues bitwise like one node
-    with 2 workers, also when last.pt's shard on node 1 alone is bad (another save's file in
-    its place): from step_4.pt, saying so; when no snapshot has node 1's shard, it is refused
-    naming the shard and its host with nothing changed, as `--resume CKPT` is. Catches:
+    node also the manifests, and trains bitwise like one node with 2 workers; `resume
+    RUN_DIR` on both nodes continues bitwise like it when last.pt's shard on node 1 alone is
+    bad (another save's file in its place): from step_4.pt, saying so; when no snapshot has
+    node 1's shard, it is refused naming the shard and its host with nothing changed, as
+    `--resume CKPT` is. Catches:
     every shard written (or looked for) on rank 0's node only, node 1 writing manifests or
     run.json, a resume that loads without node 1's shard, and rank 0 choosing a snapshot by
     its own node's shards alone (it takes last.pt: the run is "complete" at update 8 instead
@@ -256,8 +261,7 @@ def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) 
     for cwd in cwds:
         cwd.mkdir()
         write_recipe(cwd / "r.yaml", Path(RUN), **FSDP_RECIPE)
-    for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml",
-                           "--set", "trainer.max_updates=4"):
+    for proc in _two_nodes(cwds, "train-sl", "--config", "r.yaml"):
         assert_ok(proc)
     run0, run1 = cwds[0] / RUN, cwds[1] / RUN
     assert sorted(p.name for p in run1.iterdir()) == [SHARDS_DIR]  # no manifest, no run.json
@@ -272,12 +276,11 @@ def test_fsdp_on_two_nodes_keeps_each_shard_where_its_rank_runs(tmp_path: Path) 
                                   _shards_of(run0, {0: run0, 1: run1})) >= 10
         assert comparable_records(run0) == comparable_records(reference)
 
-    for proc in _two_nodes(cwds, "resume", RUN, "--set", "trainer.max_updates=8"):
-        assert_ok(proc)
     assert_like_reference()
 
     # Node 1's shard of last.pt (update 8) replaced by its shard of update 4: a valid file,
-    # of another save. Only rank 1 can see it; step_4.pt is complete on both nodes.
+    # of another save. Only rank 1 can see it; step_4.pt is complete on both nodes. The
+    # resume continues from there on both nodes, each rank loading its own node's shard.
     def rank_1_shard(name: str) -> Path:
         return run1 / shard_table(read_checkpoint(run0 / name))[1]["file"]
 
