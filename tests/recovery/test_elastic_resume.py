@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -143,6 +144,24 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[object, Path
     return _Uninterrupted(tmp_path_factory.mktemp("elastic"))
 
 
+def _stopped_at_50(ref: Path, run: Path, records: Path) -> None:
+    """`run` (and its example records): the uninterrupted run `ref` as it was when its
+    update-50 snapshot was its newest, i.e. a run of `ref`'s world size stopped after
+    update 50 (the snapshot of update 100 removed; its records beyond 50 stay in
+    metrics.jsonl, for the resume to roll back). Every rank's own state, shard and the
+    stored recipe are what those ranks wrote; a run trained to update 50 only would hold
+    the same tensors (no schedule depends on max_updates)."""
+    shutil.copytree(ref, run)
+    for name in ("step_100.pt", "last.pt"):
+        (run / name).unlink()
+    (run / ".lock").unlink(missing_ok=True)
+    records.mkdir()
+    for path in sorted((ref.parent / f"{ref.name}_records").glob("rank*.jsonl")):
+        kept = [line for line in path.read_text().splitlines()
+                if json.loads(line)["step"] <= 50]
+        (records / path.name).write_text("".join(f"{line}\n" for line in kept))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["with_replacement", "epochs", "fsdp"])
 def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[object, Path],
@@ -150,21 +169,16 @@ def test_two_ranks_continue_on_one_in_place(tmp_path: Path, uninterrupted: dict[
     """Catches a world-size change that is refused under G, a stored recipe whose derived
     grad_accumulation (2 on two ranks) pins the continuation (one rank needs 4), a sampler
     position or augmentation that depends on the world size (other examples after update
-    50), and per-rank state taken from a rank that no longer exists: two ranks train to
-    update 50, `resume RUN_DIR` on one rank continues in place to 100, and every update
-    draws the examples of the uninterrupted run, whose state it ends within the bound of
-    the module docstring, EMA included; in epochs the continuation starts in the middle of
-    the ninth epoch; under FSDP the two shards are re-cut into one; run.json records the
-    change."""
+    50), and per-rank state taken from a rank that no longer exists: two ranks trained to
+    update 50 (the uninterrupted two-rank run as it was then: `_stopped_at_50`), `resume
+    RUN_DIR` on one rank continues in place to 100, and every update draws the examples of
+    the uninterrupted run, whose state it ends within the bound of the module docstring,
+    EMA included; in epochs the continuation starts in the middle of the ninth epoch; under
+    FSDP the two shards are re-cut into one; run.json records the change."""
     run, records = tmp_path / "run", tmp_path / "records"
-    records.mkdir()
-    changes = {"with_replacement": {}, "epochs": {"trainer.sampling": "epochs"},
-               "fsdp": FSDP}[variant]
-    recipe = data_recipe(tmp_path / "run.yaml", run, **{**ELASTIC, **changes,
-                                                         "trainer.max_updates": 50})
-    _launch(2, "train-sl", "--config", str(recipe), records=records)
-    _launch(1, "resume", str(run), "--set", "trainer.max_updates=100", records=records)
     ref = uninterrupted[{"with_replacement": 2, "epochs": "epochs", "fsdp": "fsdp2"}[variant]]
+    _stopped_at_50(ref, run, records)
+    _launch(1, "resume", str(run), "--set", "trainer.max_updates=100", records=records)
     assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
@@ -262,17 +276,16 @@ def test_resume_auto_continues_a_one_rank_run_on_two_self_launched(
         tmp_path: Path, uninterrupted: dict[object, Path]) -> None:
     """Catches `--resume auto` refusing a run directory of another world size under G (it
     compares the user's recipe, whose grad_accumulation is derived anew, with the stored
-    one), and a self-launch that checks G against the old world size: one rank trains to
-    update 50, then `train-sl --resume auto --nproc-per-node 2` continues it in place to 100,
-    within the bound."""
+    one), and a self-launch that checks G against the old world size: one rank trained to
+    update 50 (the uninterrupted one-rank run as it was then: `_stopped_at_50`), then
+    `train-sl --resume auto --nproc-per-node 2` continues it in place to 100, within the
+    bound."""
     run, records = tmp_path / "run", tmp_path / "records"
-    records.mkdir()
-    first = data_recipe(tmp_path / "first.yaml", run, **{**ELASTIC, "trainer.max_updates": 50})
-    _launch(1, "train-sl", "--config", str(first), records=records)
+    ref = uninterrupted[1]
+    _stopped_at_50(ref, run, records)
     recipe = data_recipe(tmp_path / "run.yaml", run, **ELASTIC)
     _launch(1, "train-sl", "--config", str(recipe), "--resume", "auto",
             "--nproc-per-node", "2", records=records)
-    ref = uninterrupted[1]
     assert _records(records) == _records(ref.parent / f"{ref.name}_records")
     differences = _relative_differences(ref / "last.pt", run / "last.pt")
     assert max(differences.values()) <= BOUND, differences
