@@ -36,6 +36,7 @@ from embodichain.core.checkpoint.disk_plan import (
     free_bytes,
     serialized_bytes,
 )
+from embodichain.core.checkpoint.formats import format_of
 from embodichain.core.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -286,9 +287,8 @@ def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
     Checked before restoring (not on every read, so `inspect-checkpoint` can still show
     what such a file holds).
     """
-    ranks, world_size = data["payload"].get("ranks"), data["manifest"].get("world_size")
-    if "sharded" in data["payload"] and isinstance(data["payload"]["sharded"], dict):
-        ranks = data["payload"]["sharded"].get("shards")  # one shard file per rank
+    ranks = format_of(data).rank_entries(data)
+    world_size = data["manifest"].get("world_size")
     if not isinstance(ranks, dict) or not isinstance(world_size, int):
         raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
     expected = set(range(world_size))
