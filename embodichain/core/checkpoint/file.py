@@ -24,7 +24,7 @@ import secrets
 import struct
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from embodichain.core.errors import (
     CheckpointCorruptError,
     CheckpointError,
     UnsafeCheckpointError,
+    UsageError,
 )
 
 FORMAT = "embodichain.checkpoint"
@@ -117,6 +118,32 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def published_atomically(out: Path, *, keep_suffix: bool = False) -> Iterator[Path]:
+    """A temporary path beside `out` for the caller to write; when the block ends without
+    an error it is fsynced and renamed onto `out` (whole or absent, never half-written);
+    whatever happens, it is gone afterwards. `keep_suffix`: the temporary name ends with
+    `out`'s suffix (writers that tell a format by it). An OSError is a UsageError (exit 2)
+    naming `out`."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    stem, suffix = (out.stem, out.suffix) if keep_suffix else (out.name, "")
+    tmp = out.parent / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{suffix}"
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_directory(out.parent)
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def write_checkpoint(checkpoint: Mapping[str, Any], path: Path, *, also_as: Path | None = None
