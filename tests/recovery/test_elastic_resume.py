@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,7 @@ ELASTIC = {"factory": "global_recording:build_supervised_trainer", "trainer.batc
            "data.train_size": 200, "data.val_size": 16}
 BOUND = 1e-5
 FSDP = {"trainer.strategy": "fsdp"}
+FRESH = "EMBODICHAIN_TESTS_FRESH"
 
 
 def _launch(ranks: int, *args: str, records: Path) -> None:
@@ -127,13 +129,22 @@ class _Uninterrupted(dict):
     def __init__(self, base: Path) -> None:
         super().__init__()
         self.base = base
+        # As the session had it: a reference is a fixture's run, built warm even when the
+        # test that first asks for it starts its own launches fresh (conftest's
+        # `_fresh_workers`, CI's EMBODICHAIN_TESTS_FRESH=marked; docs/development.md).
+        self.fresh = os.environ.get(FRESH)
 
     def __missing__(self, key: object) -> Path:
         ranks, changes = self.KINDS[key]
         run, records = self.base / f"ref{key}", self.base / f"ref{key}_records"
         records.mkdir()
         recipe = data_recipe(self.base / f"ref{key}.yaml", run, **{**ELASTIC, **changes})
-        _launch(ranks, "train-sl", "--config", str(recipe), records=records)
+        with pytest.MonkeyPatch.context() as env:
+            if self.fresh is None:
+                env.delenv(FRESH, raising=False)
+            else:
+                env.setenv(FRESH, self.fresh)
+            _launch(ranks, "train-sl", "--config", str(recipe), records=records)
         self[key] = run
         return run
 
