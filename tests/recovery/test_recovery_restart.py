@@ -139,7 +139,9 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
     rng = random.Random(seed)
     # Random updates in bands around the fixed points: the save kill at 120 and the
     # whole-torchrun kill at WHOLE_KILL_AT, after the second kill and before the third.
-    bands = [(15, 110), (200, 290)]
+    # Each band lies 11 to 39 updates past a save (every 40; records every 10), so each
+    # worker kill, whatever the seed, leaves records past its snapshot to roll back.
+    bands = [(15, 40), (211, 240)]
     kills = [{"id": f"k{i}", "rank": rng.randrange(2), "update": rng.randrange(*band)}
              for i, band in enumerate(bands)]
     kills.insert(1, {"id": "save", "rank": 0, "save": 120})  # between last.pt and step_120.pt
