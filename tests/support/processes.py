@@ -29,7 +29,7 @@ SCRIPTS = TESTS / "scripts"  # helper scripts that tests launch
 FACTORIES = TESTS / "factories"  # test-only recipe factories
 CPU_RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
 TIMEOUT = 300
-LAUNCHES: Counter[str] = Counter()  # how `run_python_module` launched, for the session summary
+LAUNCHES: Counter[str] = Counter()  # how `run_`/`start_python_module` launched (session summary)
 WORKERS_FRESH = "warm, workers fresh"  # the start of a LAUNCHES key that `launch_summary` warns of
 
 
