@@ -69,4 +69,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Not through the interpreter's shutdown: it restores SIGTERM's default action first, and
+    # in a warm worker (torch imported) it lasts long enough for torchrun's SIGTERM, sent once
+    # the other rank has exited, to end this process as -15 instead of the command's code.
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
