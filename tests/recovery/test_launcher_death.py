@@ -153,8 +153,8 @@ def test_sigkill_of_the_torchrun_agent_stops_its_workers_with_a_snapshot(
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
     # Fresh: torchrun itself is the workers' parent, as in production (warm, it would be the
-    # harness's worker server, which only mimics its agent's death), and this test is not
-    # in CI's fresh pass.
+    # harness's worker server, which only mimics its agent's death); this slow test is not
+    # among those CI runs fresh (`fresh_workers`).
     seconds, printed = _kill_launcher_at_the_block(_torchrun_train(recipe), run, tmp_path,
                                                    group=False, fresh=True)
     print(f"torchrun agent SIGKILLed: last worker ended {seconds:.2f} s later")
