@@ -193,10 +193,46 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(line, yellow=line.startswith("WARNING"), bold=True)
 
 
+# The tests whose launches CI starts fresh (EMBODICHAIN_TESTS_FRESH=marked: every process,
+# every rank a new interpreter with its own hash seed and imports, as in production; see
+# docs/development.md): the quick distributed, recovery and launch tests, and the slow ones
+# where ranks agree the most: a 2-worker bitwise resume, per-rank random streams, an elastic
+# continuation each way under FSDP (shards re-cut), a SIGKILL mid-save under FSDP, and a
+# validation failure on one FSDP rank after and before the forward's collectives.
+FRESH_DIRECTORIES = ("tests/core/distributed/", "tests/recovery/", "tests/core/launch/")
+FRESH_SLOW_TESTS = frozenset({
+    "tests/recovery/test_recovery_exact.py::test_two_workers_resume_from_step_100_is_bitwise_exact",
+    "tests/recovery/test_recovery_per_rank.py::"
+    "test_each_rank_resumes_its_own_random_streams_and_buffers",
+    "tests/recovery/test_elastic_resume.py::test_two_ranks_continue_on_one_in_place[fsdp]",
+    "tests/recovery/test_elastic_resume.py::test_one_rank_continues_on_two_from_a_checkpoint[fsdp]",
+    "tests/recovery/test_fsdp_recovery.py::"
+    "test_sigkill_before_a_manifest_is_published_then_resume_is_bitwise",
+    "tests/core/training/test_fsdp_parity.py::"
+    "test_a_validation_failure_on_rank_one_stops_every_rank_naming_it",
+    "tests/core/training/test_fsdp_parity.py::"
+    "test_a_validation_failure_before_the_forward_is_what_the_run_records",
+})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with the most `slow` tests first (otherwise in their order). Under xdist
-    (`--dist loadfile`) a module runs whole on one worker, so the long ones start at once
-    and the run does not end with one worker alone on a long module."""
+    """Marks the tests CI runs fresh (`fresh_workers`); then modules with the most `slow`
+    tests first (otherwise in their order). Under xdist (`--dist loadfile`) a module runs
+    whole on one worker, so the long ones start at once and the run does not end with one
+    worker alone on a long module."""
+    for item in items:
+        if item.nodeid in FRESH_SLOW_TESTS or (item.nodeid.startswith(FRESH_DIRECTORIES)
+                                               and not item.get_closest_marker("slow")):
+            item.add_marker("fresh_workers")
     slow: Counter[str] = Counter(item.nodeid.split("::")[0] for item in items
                                  if item.get_closest_marker("slow"))
     items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under EMBODICHAIN_TESTS_FRESH=marked, a `fresh_workers` test's own launches are fresh
+    (the shared runs its fixtures read were built before, warm)."""
+    if (os.environ.get("EMBODICHAIN_TESTS_FRESH") == "marked"
+            and request.node.get_closest_marker("fresh_workers")):
+        monkeypatch.setenv("EMBODICHAIN_TESTS_FRESH", "1")

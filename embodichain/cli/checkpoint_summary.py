@@ -21,6 +21,7 @@ _IMPLEMENTATION_KEYS = {"params", "foreach", "fused", "capturable", "differentia
 
 def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dict[str, Any]:
     """The report for a checkpoint that `read_checkpoint` has loaded and verified."""
+    from embodichain.core.checkpoint.formats import format_of
     from embodichain.core.recipe.schema import config_sha256
 
     manifest = data["manifest"]
@@ -29,8 +30,9 @@ def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dic
     learner = _mapping(payload.get("learner"))
     config = run.get("config")
     ranks = _mapping(payload.get("ranks"))
+    checkpoint_format = format_of(data)
     shards = None
-    if "sharded" in payload:  # trainer.strategy: fsdp: read shard by shard
+    if checkpoint_format.keeps_parts:  # shards beside the manifest: read one at a time
         from embodichain.cli.sharded_summary import sharded_parts
 
         learner, ranks, shards = sharded_parts(data, path)
@@ -48,7 +50,7 @@ def summarize(data: Mapping[str, Any], path: Path, tensors: bool = False) -> dic
         "created_at": run.get("created_at"),
         "step": manifest.get("step"),
         "world_size": manifest.get("world_size"),
-        "strategy": "fsdp" if shards is not None else "ddp",
+        "strategy": checkpoint_format.written_by,
         "shards": shards,
         "factory": run.get("factory"),
         "config_sha256": manifest.get("config_sha256"),

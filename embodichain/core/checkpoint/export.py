@@ -12,9 +12,6 @@ process: every shard verified against its manifest, the dim-0 shards concatenate
 
 from __future__ import annotations
 
-import contextlib
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +19,7 @@ from typing import Any
 
 import torch
 
-from embodichain.core.checkpoint.file import fsync_directory, read_checkpoint
+from embodichain.core.checkpoint.file import published_atomically, read_checkpoint
 from embodichain.core.checkpoint.names import is_checkpoint_name
 from embodichain.core.checkpoint.sharded import consolidated_model, is_sharded_checkpoint
 from embodichain.core.errors import CheckpointError, UsageError
@@ -107,20 +104,5 @@ def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool 
 
 
 def _save_atomically(state: dict[str, torch.Tensor], out: Path) -> None:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    except OSError as exc:
-        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_directory(out.parent)
-    except OSError as exc:
-        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    with published_atomically(out) as tmp:
+        torch.save(state, tmp)

@@ -24,7 +24,7 @@ import secrets
 import struct
 import zipfile
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +36,12 @@ from embodichain.core.checkpoint.disk_plan import (
     free_bytes,
     serialized_bytes,
 )
+from embodichain.core.checkpoint.formats import format_of
 from embodichain.core.errors import (
     CheckpointCorruptError,
     CheckpointError,
     UnsafeCheckpointError,
+    UsageError,
 )
 
 FORMAT = "embodichain.checkpoint"
@@ -116,6 +118,32 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def published_atomically(out: Path, *, keep_suffix: bool = False) -> Iterator[Path]:
+    """A temporary path beside `out` for the caller to write; when the block ends without
+    an error it is fsynced and renamed onto `out` (whole or absent, never half-written);
+    whatever happens, it is gone afterwards. `keep_suffix`: the temporary name ends with
+    `out`'s suffix (writers that tell a format by it). An OSError is a UsageError (exit 2)
+    naming `out`."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    stem, suffix = (out.stem, out.suffix) if keep_suffix else (out.name, "")
+    tmp = out.parent / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{suffix}"
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        fsync_directory(out.parent)
+    except OSError as exc:
+        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def write_checkpoint(checkpoint: Mapping[str, Any], path: Path, *, also_as: Path | None = None
@@ -286,9 +314,8 @@ def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
     Checked before restoring (not on every read, so `inspect-checkpoint` can still show
     what such a file holds).
     """
-    ranks, world_size = data["payload"].get("ranks"), data["manifest"].get("world_size")
-    if "sharded" in data["payload"] and isinstance(data["payload"]["sharded"], dict):
-        ranks = data["payload"]["sharded"].get("shards")  # one shard file per rank
+    ranks = format_of(data).rank_entries(data)
+    world_size = data["manifest"].get("world_size")
     if not isinstance(ranks, dict) or not isinstance(world_size, int):
         raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
     expected = set(range(world_size))

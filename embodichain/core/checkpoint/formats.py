@@ -25,6 +25,13 @@ from typing import Any
 class SingleFile:
     """Everything in the one file: no parts, nothing to judge beyond the file's digest."""
 
+    written_by = "ddp"  # the strategy writing this format (reports name it)
+    keeps_parts = False  # whether parts are files beside the checkpoint's own
+
+    def rank_entries(self, data: Mapping[str, Any]) -> Any:
+        """The per-rank table a restore needs one entry of per rank (None: there is none)."""
+        return data["payload"].get("ranks")
+
     def parts(self, data: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
         """The parts kept beside the file, by part number (an old rank): file, host, node."""
         return {}
@@ -62,6 +69,13 @@ class SingleFile:
 
 class Sharded(SingleFile):
     """A manifest and one shard file per old rank (`trainer.strategy: fsdp`)."""
+
+    written_by = "fsdp"
+    keeps_parts = True
+
+    def rank_entries(self, data: Mapping[str, Any]) -> Any:
+        table = data["payload"].get("sharded")  # one shard file per rank
+        return table.get("shards") if isinstance(table, Mapping) else None
 
     def parts(self, data: Mapping[str, Any]) -> dict[int, dict[str, Any]]:
         return _sharded().shard_table(data) if _is_sharded(data) else {}

@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import secrets
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -23,7 +21,7 @@ from typing import Any
 
 import torch
 
-from embodichain.core.checkpoint.file import fsync_directory
+from embodichain.core.checkpoint.file import published_atomically
 from embodichain.core.deploy.interface import (
     INTERFACE_KEY,
     PT2_INTERFACE_FILE,
@@ -91,33 +89,14 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
     flat = Flat(module, list(interface["observations"])).eval()
     what = f"the deployable forward of factory {trained.factory!r}'s model"
     program = export_program(flat, interface, what)
-    tmp = _temporary(out)
-    try:
+    with published_atomically(out, keep_suffix=True) as tmp:  # exporters tell the format by it
         if fmt == "onnx":
             _write_onnx(program, interface, tmp, what)
         else:
             torch.export.save(program, tmp, extra_files={
                 PT2_INTERFACE_FILE: json.dumps(interface)})
         difference = _check_artifact(tmp, fmt, flat, interface)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-        fsync_directory(out.parent)
-    except OSError as exc:
-        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
     return ExportedPolicy(out, fmt, trained.step, interface, difference)
-
-
-def _temporary(out: Path) -> Path:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"{out} cannot be written: {exc.strerror or exc}") from None
-    # The suffix stays: exporters and runners tell the format by it.
-    return out.parent / f".{out.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp{out.suffix}"
 
 
 def _write_onnx(program: torch.export.ExportedProgram, interface: dict[str, Any], path: Path,
