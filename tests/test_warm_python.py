@@ -8,6 +8,7 @@ writes, the environment and path the module runs with, or a fallback that did no
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -18,7 +19,12 @@ from pathlib import Path
 import pytest
 
 from tests.support import processes, run_cli, run_torchrun, worker_env, write_recipe
-from tests.support.processes import launch_summary, run_python_module
+from tests.support.processes import (
+    child_pids,
+    launch_summary,
+    run_python_module,
+    start_python_module,
+)
 from tests.support.state_compare import assert_training_state_equal
 from tests.support.warm_python import WarmPython, fresh_only, torch_mismatch, warm_python
 
@@ -261,3 +267,77 @@ def test_the_warm_interpreter_ends_when_its_test_process_lets_go(tmp_path: Path)
     assert proc is None, "an endless launch was not stopped at its timeout"
     warm.close()
     assert warm.server.returncode == 0
+
+
+def _popen_probe(tmp_path: Path) -> dict[str, str]:
+    """A module `popen_probe`: `exit N` ends with N; `talk` prints to both streams; `hold`
+    starts two `sleep` children (the launch's workers), prints `ready`, then waits."""
+    probe = tmp_path / "plib" / "popen_probe.py"
+    probe.parent.mkdir()
+    probe.write_text(
+        "import subprocess, sys, time\n"
+        "if sys.argv[1] == 'exit':\n"
+        "    sys.exit(int(sys.argv[2]))\n"
+        "if sys.argv[1] == 'talk':\n"
+        "    print('out line'); print('err line', file=sys.stderr); sys.exit(0)\n"
+        "kids = [subprocess.Popen(['sleep', '60']) for _ in range(2)]\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n")
+    return worker_env(PYTHONPATH=str(probe.parent))
+
+
+def _started(mode: str, tmp_path: Path, env: dict[str, str], fresh: bool,
+             **popen_kwargs: object) -> subprocess.Popen:
+    proc = start_python_module("popen_probe", *mode.split(), cwd=tmp_path, env=env,
+                               fresh=fresh, **popen_kwargs)
+    assert isinstance(proc, subprocess.Popen) == (fresh or fresh_only())
+    return proc
+
+
+def test_a_warm_popen_ends_as_a_fresh_one(tmp_path: Path) -> None:
+    """Catches a launch held by a test (`start_python_module`) whose exit status differs
+    from a fresh `Popen` child's: a normal exit, an exit code, SIGKILL and SIGTERM sent to
+    its pid by the test (a negative signal number), or whose pid is not the process's."""
+    env = _popen_probe(tmp_path)
+    for fresh in (True, False):
+        codes = []
+        for mode in ("exit 0", "exit 7"):
+            codes.append(_started(mode, tmp_path, env, fresh).wait(timeout=60))
+        for sig in (signal.SIGKILL, signal.SIGTERM):
+            proc = _started("hold", tmp_path, env, fresh, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout.readline() == "ready\n"  # read while it runs
+            proc.send_signal(sig)
+            codes.append(proc.wait(timeout=60))
+            proc.stdout.close()
+        assert codes == [0, 7, -signal.SIGKILL, -signal.SIGTERM], (fresh, codes)
+    assert run_python_module("popen_probe", "exit", "3", cwd=tmp_path, env=env).returncode == 3
+
+
+def test_killpg_of_a_new_session_stops_its_workers_and_closes_its_pipe(tmp_path: Path) -> None:
+    """Catches a warm launch with `start_new_session` that is not its own process group's
+    leader (killpg would miss it, or hit the warm interpreter or pytest), whose children are
+    not under its pid, whose stdout pipe stays open after it and its children ended, or a
+    warm interpreter that serves no more launches after one was killed; and `communicate`
+    that loses a stream or mixes them otherwise than STDOUT asks."""
+    env = _popen_probe(tmp_path)
+    proc = _started("hold", tmp_path, env, False, stdout=subprocess.PIPE, text=True,
+                    start_new_session=True)
+    assert proc.stdout.readline() == "ready\n"
+    workers = child_pids(proc.pid)
+    assert len(workers) == 2 and os.getpgid(proc.pid) == proc.pid
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert proc.stdout.read() == ""  # EOF: no process holds the pipe any more
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text()
+              .rsplit(")", 1)[1].split()[0] for p in workers):
+        assert time.monotonic() < deadline, "the launch's children outlived its killpg"
+        time.sleep(0.02)
+    for fresh in (True, False):
+        talk = _started("talk", tmp_path, env, fresh, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+        assert talk.communicate(timeout=60) == ("out line\n", "err line\n")
+        merged = _started("talk", tmp_path, env, fresh, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+        assert merged.communicate(timeout=60) == (b"out line\nerr line\n", None)
+        assert merged.returncode == 0

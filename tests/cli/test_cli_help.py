@@ -13,7 +13,7 @@ import pytest
 import embodichain
 from embodichain.cli import app
 from embodichain.cli.examples import EXAMPLES
-from tests.support import CPU_RECIPE, REPO, worker_env
+from tests.support import CPU_RECIPE, REPO, run_cli, worker_env
 from tests.support.cli import invoke
 
 NERD_RECIPE = REPO / "examples/learning/nerd/configs/cartpole/sl.train.yaml"
@@ -41,8 +41,7 @@ def test_version() -> None:
 def test_shell_completion_is_installable() -> None:
     result = invoke("--help")
     assert "--install-completion" in result.stdout and "--show-completion" in result.stdout
-    proc = subprocess.run([sys.executable, "-m", "embodichain", "--show-completion", "bash"],
-                          cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=60)
+    proc = run_cli("--show-completion", "bash", timeout=60)
     assert proc.returncode == 0 and "complete" in proc.stdout, proc.stderr
 
 

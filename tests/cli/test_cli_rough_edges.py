@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from tests.support import (
     run_cli,
     run_torchrun,
     snapshot_dir,
+    start_python_module,
     worker_env,
     write_recipe,
 )
@@ -216,10 +216,10 @@ def test_a_closed_pipe_ends_a_command_quietly(two_updates: tuple[Path, str], arg
     read, write = os.pipe()
     os.close(read)
     try:
-        proc = subprocess.run([sys.executable, "-m", "embodichain",
-                               *(a.format(tmp=root) for a in args)],
-                              stdout=write, stderr=subprocess.PIPE, text=True,
-                              env=worker_env(), timeout=120)
+        command = start_python_module("embodichain", *(a.format(tmp=root) for a in args),
+                                      stdout=write, stderr=subprocess.PIPE, text=True)
+        _, stderr = command.communicate(timeout=120)
+        proc = subprocess.CompletedProcess(command.args, command.returncode, None, stderr)
     finally:
         os.close(write)
     assert proc.stderr == "", proc.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -182,10 +181,10 @@ def test_resume_is_refused_when_the_data_file_was_regenerated(tmp_path: Path) ->
     data = tmp_path / "data"
 
     def generate(seed: int) -> None:
-        done = subprocess.run(
-            [sys.executable, "-m", "embodichain_models.dynamics.nerd.prepare", "--out", str(data),
-             "--train-trajectories", "100", "--val-trajectories", "20", "--steps", "20",
-             "--seed", str(seed)], cwd=REPO, capture_output=True, text=True, timeout=120)
+        done = run_python_module(
+            "embodichain_models.dynamics.nerd.prepare", "--out", str(data),
+            "--train-trajectories", "100", "--val-trajectories", "20", "--steps", "20",
+            "--seed", str(seed), timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
 
     generate(0)

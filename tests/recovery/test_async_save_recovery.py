@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,15 @@ import pytest
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.names import step_files
-from tests.support import REPO, SHORT_RECIPE, TESTS, assert_ok, run_torchrun, write_recipe
+from tests.support import (
+    SHORT_RECIPE,
+    TESTS,
+    assert_ok,
+    run_python_module,
+    run_torchrun,
+    start_python_module,
+    write_recipe,
+)
 from tests.support.recovery import (
     assert_only_torchruns_traceback,
     assert_training_state_equal,
@@ -150,12 +157,11 @@ def test_ctrl_c_while_a_background_save_is_in_flight(tmp_path: Path) -> None:
 
     run, log = tmp_path / "run", tmp_path / "hold.log"
     recipe = write_recipe(tmp_path / "r.yaml", run, **PACED_RECIPE)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           "--nproc-per-node=2", "-m", "hold_writes", "train-sl", "--config", str(recipe),
-           "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=REPO, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE,
-                            env=env({"until_signal": 20}, log, EMBODICHAIN_TEST_SLEEP_S="0.05"))
+    cmd = ["--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "hold_writes", "train-sl",
+           "--config", str(recipe), "--no-progress"]
+    proc = start_python_module("torch.distributed.run", *cmd, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE,
+                               env=env({"until_signal": 20}, log, EMBODICHAIN_TEST_SLEEP_S="0.05"))
     try:
         deadline = time.monotonic() + GUARD
         while not any(e["event"] == "in_flight" for e in events(log)):
@@ -213,8 +219,7 @@ def test_save_every_s_snapshots_by_time_and_bounds_the_loss(tmp_path: Path, npro
         proc = run_torchrun(*args, module="hold_writes", env=hold_env, timeout=GUARD)
         assert proc.returncode == 1, proc.stdout + proc.stderr
     else:
-        proc = subprocess.run([sys.executable, "-m", "hold_writes", *args], cwd=REPO,
-                              env=hold_env, capture_output=True, text=True, timeout=GUARD)
+        proc = run_python_module("hold_writes", *args, env=hold_env, timeout=GUARD)
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     saves = [e for e in events(log) if e["event"] == "save"]
     killed = events(log)[-1]

@@ -29,8 +29,9 @@ import pytest
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.runs.run_dir import read_metrics
 from embodichain.core.runs.run_lock import lock_holder
-from tests.support import REPO, TIMEOUT, assert_ok, child_pids, run_cli, run_torchrun
+from tests.support import TIMEOUT, assert_ok, child_pids, run_cli, run_torchrun
 from tests.support.data import data_env, data_recipe
+from tests.support.processes import start_python_module
 from tests.support.state_compare import assert_training_state_equal, comparable_records
 
 pytestmark = pytest.mark.slow  # every test launches a run with data workers and signals it
@@ -96,8 +97,8 @@ def _signal_mid_run(cmd: list[str], run: Path, tmp_path: Path, sig: int, *, data
     Returns the launcher's exit code and what the run printed, once every process of the
     job has ended (the data workers end with their rank: within 10 s)."""
     out = (tmp_path / "out.txt").open("w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env=data_env(**PACE, **env))
+    proc = start_python_module(cmd[2], *cmd[3:], stdout=out, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True, env=data_env(**PACE, **env))
     job: list[int] = []
     try:
         deadline = time.monotonic() + TIMEOUT

@@ -12,7 +12,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,11 +26,13 @@ from tests.support import (
     TIMEOUT,
     assert_ok,
     child_pids,
+    run_cli,
     run_torchrun,
     snapshot_dir,
     worker_env,
     write_recipe,
 )
+from tests.support.processes import run_python_module, start_python_module, torchrun_workers
 from tests.support.state_compare import assert_same_outcome, event_summary, implied_events
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -39,17 +40,18 @@ pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 FACTORIES = REPO / "tests" / "factories"
 RECIPE = RESTART_RECIPE
 MAX_UPDATES = RECIPE["trainer.max_updates"]
+TORCHRUN = "torch.distributed.run"
 
 
 def _env(**extra: str) -> dict[str, str]:
     return worker_env(PYTHONPATH=os.pathsep.join((str(FACTORIES), str(SCRIPTS))), **extra)
 
 
-def _torchrun_cmd(*args: str, max_restarts: int = 0, module: tuple[str, ...] = ("embodichain",)
-                  ) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            "--nproc-per-node=2", f"--max-restarts={max_restarts}", "--monitor-interval=0.2",
-            "-m", *module, *args]
+def _torchrun_args(*args: str, max_restarts: int = 0, module: tuple[str, ...] = ("embodichain",)
+                   ) -> list[str]:
+    """The arguments of `python -m torch.distributed.run` for 2 workers running `module`."""
+    return ["--standalone", "--nnodes=1", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.2", "-m", *module, *args]
 
 
 def _block_env(tmp_path: Path, update: int) -> tuple[dict[str, str], Path]:
@@ -103,11 +105,9 @@ def _wait_for_step(directory: Path, step: int, proc: subprocess.Popen, timeout: 
 
 def _worker(agent: int, rank: int) -> int:
     """The pid of torchrun worker `rank` started by the agent process `agent`."""
-    for pid in child_pids(agent):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"RANK={rank}".encode() in environ:
-            return pid
-    raise AssertionError(f"no worker of rank {rank} under pid {agent}")
+    workers = torchrun_workers(agent)
+    assert rank in workers, f"no worker of rank {rank} under pid {agent}"
+    return workers[rank]
 
 
 
@@ -153,11 +153,11 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
     block, release = _block_env(tmp_path, WHOLE_KILL_AT)
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **RECIPE)
-    command = _torchrun_cmd("train-sl", "--config", str(recipe), "--resume", "auto",
-                            "--no-progress", max_restarts=3)
+    command = _torchrun_args("train-sl", "--config", str(recipe), "--resume", "auto",
+                             "--no-progress", max_restarts=3)
 
-    first = subprocess.Popen(command, cwd=REPO, env={**env, **block}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = start_python_module(TORCHRUN, *command, env={**env, **block},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for_file(release.with_name(release.name + ".reached"), first)
         assert kill_log.read_text().split() == ["k0", "save"]
@@ -167,7 +167,7 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
                    and read_checkpoint(run / "last.pt")["manifest"]["step"] == snapshot):
             assert time.monotonic() < deadline, f"last.pt never reached update {snapshot}"
             time.sleep(0.05)
-        workers = child_pids(first.pid)
+        workers = list(torchrun_workers(first.pid).values())
         first.send_signal(signal.SIGKILL)
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
@@ -178,8 +178,7 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
     whole_kill = implied_events(run, snapshot)
     assert whole_kill[-2] == ("rolled_back", snapshot, 2), whole_kill  # updates 170, 180
 
-    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                           timeout=TIMEOUT)
+    rerun = run_python_module(TORCHRUN, *command, env=env)
     assert rerun.returncode == 0, output_a + rerun.stdout + rerun.stderr
     assert kill_log.read_text().split() == [k["id"] for k in
                                             sorted(kills, key=lambda k: k.get("update") or 120)]
@@ -200,10 +199,10 @@ def test_sigkills_under_max_restarts_and_a_rerun_continue_exactly(reference: Pat
 
 def _start(recipe: Path, module: tuple[str, ...] = ("embodichain",), **env: str
            ) -> subprocess.Popen:
-    return subprocess.Popen(_torchrun_cmd("train-sl", "--config", str(recipe), "--no-progress",
-                                          module=module),
-                            cwd=REPO, env=_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return start_python_module(TORCHRUN, *_torchrun_args("train-sl", "--config", str(recipe),
+                                                         "--no-progress", module=module),
+                               env=_env(**env), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.parametrize("how", ["SIGINT to torchrun", "SIGTERM to one worker"])
@@ -284,9 +283,7 @@ def test_a_live_run_is_locked_against_resume_and_a_second_start(reference: Path,
         holder = json.loads((run / ".lock").read_text())
         for args in (["resume", str(run)], ["train-sl", "--config", str(recipe)],
                      ["train-sl", "--config", str(recipe), "--resume", "auto"]):
-            refused = subprocess.run([sys.executable, "-m", "embodichain", *args,
-                                      "--no-progress"], cwd=REPO, env=_env(),
-                                     capture_output=True, text=True, timeout=TIMEOUT)
+            refused = run_cli(*args, "--no-progress", env=_env())
             assert refused.returncode == 2, refused.stderr
             assert f"in use by a live run (held by pid {holder['pid']}" in refused.stderr
             assert proc.poll() is None
@@ -319,9 +316,8 @@ def test_resume_refuses_another_world_size_or_recipe_and_changes_nothing(
     run = _copy_without_steps_after(reference, tmp_path / "run", 200)
     shutil.copyfile(run / "step_200.pt", run / "last.pt")  # records beyond it: to roll back
     before = snapshot_dir(run)
-    proc = subprocess.run([sys.executable, "-m", "embodichain", "resume", str(run), "--set",
-                           "optimizer.lr=0.5", "--no-progress"], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT)
+    proc = run_cli("resume", str(run), "--set", "optimizer.lr=0.5", "--no-progress",
+                   env=_env())
     assert proc.returncode == 2, proc.stderr
     assert "world_size: checkpoint 2, this run 1" in proc.stderr
     assert "optimizer.lr: checkpoint 0.001, this run 0.5" in proc.stderr

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from embodichain.core.runs.run_dir import read_metrics
-from tests.support import REPO, run_torchrun, write_recipe
+from tests.support import run_torchrun, start_python_module, write_recipe
 from tests.support.recovery import assert_only_torchruns_traceback, factory_env, metrics
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -36,11 +35,11 @@ def test_failed_save_on_rank_zero_stops_every_rank(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", run, factory="recovery_factories:failing_save",
                           **{"trainer.max_updates": 200,
                              "trainer.async_save": False})  # background: test_async_save_*
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-           "--nproc-per-node=2", "-m", "embodichain", "train-sl", "--config", str(recipe),
-           "--no-progress"]
-    with subprocess.Popen(cmd, cwd=REPO, env=factory_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as running:
+    cmd = ["--standalone", "--nnodes=1", "--nproc-per-node=2", "-m", "embodichain",
+           "train-sl", "--config", str(recipe), "--no-progress"]
+    with start_python_module("torch.distributed.run", *cmd, env=factory_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True) as running:
         deadline = time.monotonic() + GUARD
         # update 100's record is written just before its save (the one that fails)
         while not ((run / "metrics.jsonl").exists()

@@ -11,11 +11,11 @@ exactly the state of the uninterrupted run at its step.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,7 @@ from tests.support import (
     worker_env,
     write_recipe,
 )
+from tests.support.processes import run_python_module
 from tests.support.recovery import RECOVERY, factory_env
 from tests.support.state_compare import assert_payloads_equal, assert_same_outcome, implied_events
 
@@ -97,10 +98,9 @@ def test_sigkill_at_random_moments_leaves_everything_readable(tmp_path: Path) ->
                           **{"trainer.max_updates": 1_000_000, "trainer.save_every": 1,
                              "trainer.log_every": 1, "trainer.validate_every": 0})
     root = tmp_path / "kills"
-    proc = subprocess.run([sys.executable, str(RECOVERY / "sigkill_driver.py"), str(recipe),
-                           str(root), str(FRESH_KILLS), str(CHAIN_KILLS), str(SEED)],
-                          cwd=REPO, env=worker_env(PYTHONPATH=str(REPO)), capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python_module("sigkill_driver", str(recipe), str(root), str(FRESH_KILLS),
+                             str(CHAIN_KILLS), str(SEED), timeout=300,
+                             env=worker_env(PYTHONPATH=f"{RECOVERY}{os.pathsep}{REPO}"))
     assert proc.returncode == 0, proc.stderr + "".join(
         f"\n--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((root / "logs").glob("*")))
     report = json.loads(proc.stdout)
@@ -169,8 +169,7 @@ def _killed(args: list[str], point: dict, mark: Path, nproc: int = 1
     if nproc > 1:
         proc = run_torchrun(*args, nproc=nproc, module="kill_points", env=env, timeout=GUARD)
     else:
-        proc = subprocess.run([sys.executable, "-m", "kill_points", *args], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=GUARD)
+        proc = run_python_module("kill_points", *args, env=env, timeout=GUARD)
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert mark.is_file(), f"the kill point {point} was never reached:\n{out}"

@@ -2,9 +2,10 @@
 
 `tests` is importable from the repository root (pytest's `pythonpath = ["."]`), so a test
 imports `from tests.support import run_cli`. Modules: `processes` (paths, CLI, torchrun, a
-live run), `recipes` (recipe files), `files` (directories, checkpoint tensors),
-`state_compare` (strict comparison of saved state), `cli` (the CLI in-process, throwaway
-plugins), `recovery` and `data` (the recovery and data tests' factories and records).
+launch the test holds, a live run), `recipes` (recipe files), `files` (directories,
+checkpoint tensors), `state_compare` (strict comparison of saved state), `cli` (the CLI
+in-process, throwaway plugins), `recovery` and `data` (the recovery and data tests'
+factories and records).
 """
 
 from tests.support.files import snapshot_dir, tensors_by_path
@@ -19,8 +20,11 @@ from tests.support.processes import (
     child_pids,
     factories_env,
     run_cli,
+    run_python_module,
     run_torchrun,
     start_endless_run,
+    start_python_module,
+    torchrun_workers,
     worker_env,
     workers_output,
 )
@@ -28,6 +32,7 @@ from tests.support.recipes import RESTART_RECIPE, SHORT_RECIPE, write_recipe
 
 __all__ = ["CPU_RECIPE", "FACTORIES", "REPO", "RESTART_RECIPE", "SCRIPTS", "SHORT_RECIPE",
            "TESTS", "TIMEOUT",
-           "assert_ok", "child_pids", "factories_env", "run_cli", "run_torchrun",
-           "snapshot_dir", "start_endless_run", "tensors_by_path", "worker_env",
-           "workers_output", "write_recipe"]
+           "assert_ok", "child_pids", "factories_env", "run_cli", "run_python_module",
+           "run_torchrun", "snapshot_dir", "start_endless_run", "start_python_module",
+           "tensors_by_path", "torchrun_workers", "worker_env", "workers_output",
+           "write_recipe"]

@@ -10,9 +10,18 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from benchmarks.common import child_pids as child_pids  # one /proc walk for both
-from tests.support.warm_python import fresh_only, launches_workers, warm_python
+from tests.support.warm_python import (
+    WarmPopen,
+    WarmPython,
+    descendants,
+    environ_of,
+    fresh_only,
+    launches_workers,
+    warm_python,
+)
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -20,7 +29,7 @@ SCRIPTS = TESTS / "scripts"  # helper scripts that tests launch
 FACTORIES = TESTS / "factories"  # test-only recipe factories
 CPU_RECIPE = REPO / "examples" / "learning" / "sl_ddp" / "cpu.yaml"
 TIMEOUT = 300
-LAUNCHES: Counter[str] = Counter()  # how `run_python_module` launched, for the session summary
+LAUNCHES: Counter[str] = Counter()  # how `run_`/`start_python_module` launched (session summary)
 WORKERS_FRESH = "warm, workers fresh"  # the start of a LAUNCHES key that `launch_summary` warns of
 
 
@@ -44,6 +53,33 @@ def run_python_module(module: str, *args: str, cwd: Path | None = None,
     (tests/support/warm_python.py) unless `fresh` or the environment needs a fresh one."""
     env = env or worker_env()
     cwd = cwd or REPO
+    warm = _warm_for(module, args, env, fresh)
+    if warm is not None:
+        return warm.run(module, list(args), cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_python_module(module: str, *args: str, cwd: Path | None = None,
+                        env: dict[str, str] | None = None, fresh: bool = False,
+                        **popen_kwargs: Any) -> subprocess.Popen | WarmPopen:
+    """`subprocess.Popen([python, "-m", MODULE, *ARGS], ...)` for a test that holds the
+    launch (signals it, watches its processes, reads its output while it runs): forked from
+    the warm interpreter where `run_python_module` would be (`WarmPopen`, a real pid),
+    else a fresh `Popen`. `popen_kwargs`: stdin, stdout, stderr, start_new_session, text.
+    A test about the launcher's parent, or about start-up itself, asks for `fresh`."""
+    env = env or worker_env()
+    cwd = cwd or REPO
+    warm = _warm_for(module, args, env, fresh)
+    if warm is not None:
+        return warm.popen(module, list(args), cwd=cwd, env=env, **popen_kwargs)
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=env,
+                            **popen_kwargs)
+
+
+def _warm_for(module: str, args: tuple[str, ...], env: dict[str, str], fresh: bool
+              ) -> WarmPython | None:
+    """The warm interpreter to launch `module` from (None: a fresh one), counted."""
     why = "asked" if fresh else "EMBODICHAIN_TESTS_FRESH" if fresh_only() else None
     if why is None:
         warm = warm_python(worker_env())
@@ -51,10 +87,28 @@ def run_python_module(module: str, *args: str, cwd: Path | None = None,
         if why is None:
             workers_fresh = warm.workers_fresh and launches_workers(module, list(args))
             LAUNCHES[f"{WORKERS_FRESH} ({warm.workers_fresh})" if workers_fresh else "warm"] += 1
-            return warm.run(module, list(args), cwd=cwd, env=env, timeout=timeout)
+            return warm
     LAUNCHES[f"fresh ({why})"] += 1
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return None
+
+
+def torchrun_workers(agent: int) -> dict[int, int]:
+    """Rank -> pid of the workers torchrun's agent `agent` started: the first processes
+    below it whose environment sets RANK (fresh workers are the agent's children; warm
+    ones, the children of its worker server, whose /proc environ is not theirs)."""
+    found: dict[int, int] = {}
+    skip: set[int] = set()
+    for pid in descendants(agent)[1:]:  # parents first
+        if pid in skip:
+            continue
+        try:
+            rank = environ_of(pid).get("RANK")
+        except OSError:
+            continue  # ended meanwhile
+        if rank is not None:
+            found[int(rank)] = pid
+            skip.update(descendants(pid))  # its own children (data workers) inherit RANK
+    return found
 
 
 def launch_summary(launches: Counter[str]) -> list[str]:
@@ -89,7 +143,7 @@ def run_torchrun(*args: str, nproc: int = 2, cwd: Path | None = None,
 
 
 def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNULL
-                      ) -> subprocess.Popen[str]:
+                      ) -> subprocess.Popen[str] | WarmPopen:
     """One process training the example "forever" (10M updates) into `run`, saving every
     500 updates, in the background: a live run for a test to look at, signal or kill."""
     from tests.support.recipes import write_recipe
@@ -97,9 +151,9 @@ def start_endless_run(tmp_path: Path, run: Path, stdout: int = subprocess.DEVNUL
     recipe = write_recipe(tmp_path / "endless.yaml", run, **{
         "trainer.max_updates": 10_000_000, "trainer.save_every": 500,
         "trainer.validate_every": 0, "trainer.log_every": 50})
-    return subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
-                             str(recipe), "--no-progress"], cwd=REPO, env=worker_env(),
-                            stdout=stdout, stderr=subprocess.PIPE, text=True)
+    return start_python_module("embodichain", "train-sl", "--config", str(recipe),
+                               "--no-progress", stdout=stdout, stderr=subprocess.PIPE,
+                               text=True)
 
 
 def assert_ok(proc: subprocess.CompletedProcess[str]) -> None:

@@ -14,8 +14,10 @@ import-time settings (`PYTHON*`, `TORCH*`, `OMP_*`, ...) are not the warm interp
 `PYTHONPATH` entry that would shadow a module already imported there, or `fresh=True` (tests
 about start-up itself). `EMBODICHAIN_TESTS_FRESH=1` makes every launch fresh, which is how a
 difference would be told apart (`tests/test_warm_python.py` compares the two on a real run).
-The launched process is a child of the warm interpreter, not of the test, so a test that
-signals or watches its process tree starts it with `subprocess.Popen` as before.
+`WarmPython.popen` starts a launch that a test holds on to, as `subprocess.Popen` does
+(`WarmPopen`: pid, poll, wait, signals, pipes, communicate). The launched process is a
+child of the warm interpreter, not of the test: its pid is real (signals, `killpg` after
+`start_new_session`, its process tree), but a test about its parent stays fresh.
 
 torchrun's workers are warm too (each would otherwise pay the imports again, twice per
 launch): a warm `torch.distributed.run` first forks a *worker server* of its own, then runs
@@ -38,6 +40,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import faulthandler
+import gc
 import inspect
 import json
 import os
@@ -67,6 +70,7 @@ WORKER_ENV_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
 POPEN_PARAMETERS = ("self", "args", "env")
 HANDLER_MODULE = "torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler"
 PROC_USERS = (HANDLER_MODULE, "torch.distributed.elastic.multiprocessing.api")
+ENVIRON = "environ"  # the warm interpreter's folder of each running launch's environment
 STACKS_SIGNAL = signal.SIGUSR2  # a hung launch's processes print their stacks on it
 _base_path: list[str] = []  # the warm interpreter's sys.path, which each launch starts from
 _workdir = ""  # the warm interpreter's temporary directory (socket, log, worker sockets)
@@ -124,6 +128,119 @@ class Launch:
     def close(self) -> None:
         """Stop listening for the launch's end (the process itself is left alone)."""
         self._conn.close()
+
+
+class WarmPopen:
+    """A warm launch held by a test: the part of `subprocess.Popen`'s API the tests use.
+
+    `stdin`, `stdout`, `stderr` take what `Popen` takes (None: this process's own, PIPE,
+    DEVNULL, STDOUT for stderr, a file or a descriptor); the launch gets those descriptors
+    themselves (SCM_RIGHTS), so a pipe ends when the process and all it started have closed it.
+    """
+
+    def __init__(self, address: str, module: str, args: list[str], *, cwd: Path,
+                 env: dict[str, str], stdin: Any = None, stdout: Any = None,
+                 stderr: Any = None, start_new_session: bool = False, text: bool = False
+                 ) -> None:
+        self.stdin = self.stdout = self.stderr = None
+        self._text = text
+        theirs: list[int] = []  # descriptors to close here once the launch has them
+        fds = []
+        for target, spec in enumerate((stdin, stdout, stderr)):
+            if spec is None:
+                fd = target
+            elif spec == subprocess.STDOUT:
+                fd = fds[1]
+            elif spec == subprocess.DEVNULL:
+                fd = os.open(os.devnull, os.O_RDWR)
+                theirs.append(fd)
+            elif spec == subprocess.PIPE:
+                read, write = os.pipe()
+                mine, fd = (write, read) if target == 0 else (read, write)
+                theirs.append(fd)
+                mode = ("w" if target == 0 else "r") + ("" if text else "b")
+                setattr(self, ("stdin", "stdout", "stderr")[target],
+                        open(mine, mode, buffering=-1 if text or target else 0))  # noqa: SIM115
+            else:
+                fd = spec if isinstance(spec, int) else spec.fileno()
+            fds.append(fd)
+        self.args = [sys.executable, "-m", module, *args]
+        try:
+            self._launch = Launch(address, self.args, {
+                "module": module, "args": args, "cwd": str(cwd), "env": env,
+                "new_session": start_new_session}, (fds[0], fds[1], fds[2]))
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        self.pid = self._launch.pid
+        self._output: dict[int, list[bytes]] = {}  # what communicate read so far, per fd
+        self._read: dict[int, Any] = {}  # what it returned, per stream (ended: closed)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._launch.returncode
+
+    def poll(self) -> int | None:
+        return self._launch.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._launch.wait(timeout)
+
+    def send_signal(self, sig: int) -> None:
+        self._launch.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input: Any = None, timeout: float | None = None  # noqa: A002
+                    ) -> tuple[Any, Any]:
+        """Read the piped output to its end, then wait for the exit, as `Popen` does
+        (`TimeoutExpired` keeps what was read for the next call)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        pipes = [f for f in (self.stdout, self.stderr) if f is not None and not f.closed]
+        for f in pipes:
+            self._output.setdefault(f.fileno(), [])
+        open_fds = {f.fileno(): f for f in pipes}
+        while open_fds:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready = select.select(list(open_fds), [], [], left)[0]
+            if not ready:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            for fd in ready:
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    self._output[fd].append(chunk)
+                else:
+                    open_fds.pop(fd)
+        results = []
+        for f in (self.stdout, self.stderr):
+            if f is None:
+                results.append(None)
+                continue
+            if not f.closed:
+                data = b"".join(self._output.pop(f.fileno(), []))
+                f.close()
+                self._read[id(f)] = data.decode().replace("\r\n", "\n").replace(
+                    "\r", "\n") if self._text else data
+            results.append(self._read.get(id(f)))
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return results[0], results[1]
+
+    def __enter__(self) -> WarmPopen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in (self.stdin, self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        self.wait()
 
 
 # What torch may use of a handler's `proc` (a `Popen`) for a `Launch` to stand in for it.
@@ -237,6 +354,12 @@ class WarmPython:
             return subprocess.CompletedProcess(argv, status, out.read().decode(),
                                                err.read().decode())
 
+    def popen(self, module: str, args: list[str], *, cwd: Path, env: dict[str, str],
+              **popen_kwargs: Any) -> WarmPopen:
+        """`subprocess.Popen([python, "-m", module, *args], ...)`, forked warm (`WarmPopen`
+        takes stdin, stdout, stderr, start_new_session and text)."""
+        return WarmPopen(self.address, module, args, cwd=cwd, env=env, **popen_kwargs)
+
     def close(self) -> None:
         if self.server.poll() is None:
             assert self.server.stdin is not None
@@ -289,6 +412,22 @@ def dump_stacks(pid: int, err: Any) -> None:
 _warm: WarmPython | None = None
 
 
+def _start_time(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment process `pid` was started with: a warm launch's as it asked for it
+    (its /proc/PID/environ is the warm interpreter's), any other process's from /proc."""
+    if _warm is not None:
+        with contextlib.suppress(OSError):
+            record = json.loads(Path(_warm._dir, ENVIRON, str(pid)).read_text())
+            if record["started"] == _start_time(pid):  # not another process with that pid
+                return record["env"]
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+
+
 def warm_python(env: dict[str, str]) -> WarmPython:
     """The warm interpreter of this process, started on first use with `env`."""
     global _warm
@@ -312,8 +451,13 @@ def _main(address: str, popen_parameters: tuple[str, ...]) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
     _workers_fresh = _check_torch(popen_parameters)
+    # What was imported is kept out of every later collection: a child's collections would
+    # otherwise visit (and so copy, page by page) the whole imported heap it shares with this
+    # process, about 1.5 s of CPU per launch. Those objects live as long as the process anyway.
+    gc.freeze()
     _base_path[:] = sys.path
     _workdir = os.path.dirname(address)
+    os.mkdir(os.path.join(_workdir, ENVIRON))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
@@ -344,11 +488,14 @@ def _serve(listener: socket.socket, control: int, *, orphan_on_close: bool) -> N
                 _child(json.loads(message), fds)  # never returns
             for fd in fds:
                 os.close(fd)
+            _record_environ(pid, json.loads(message)["env"])
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = conn
         for pid in list(waiting):
             done, status = os.waitpid(pid, os.WNOHANG)
             if done:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(_workdir, ENVIRON, str(pid)))
                 code = os.waitstatus_to_exitcode(status)
                 conn = waiting.pop(pid)
                 try:
@@ -360,6 +507,15 @@ def _serve(listener: socket.socket, control: int, *, orphan_on_close: bool) -> N
         os._exit(0)
     for pid in waiting:
         os.kill(pid, signal.SIGKILL)
+
+
+def _record_environ(pid: int, env: dict[str, str]) -> None:
+    """Keep a launch's environment where `environ_of` finds it: a forked child's
+    /proc/PID/environ still shows the warm interpreter's."""
+    path = os.path.join(_workdir, ENVIRON, str(pid))
+    with open(path + ".part", "w") as f:
+        json.dump({"started": _start_time(pid), "env": env}, f)
+    os.replace(path + ".part", path)
 
 
 def _child(request: dict, fds: list[int]) -> None:
@@ -424,6 +580,11 @@ def _fork_workers_warm() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
         if os.getppid() != agent:
             os._exit(0)
+        # In the agent's process group, where a fresh torchrun has no such process: a signal
+        # to the group (Ctrl-C, `kill -- -PGID`) is for the agent and the workers' own
+        # handlers, which each forked worker sets again (_child).
+        for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1"):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
         _serve(listener, control, orphan_on_close=True)
     listener.close()
     os.close(control)

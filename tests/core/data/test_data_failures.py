@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.data.samplers import ReplacementSampler
 from embodichain.core.runs.run_dir import read_metrics
-from tests.support import REPO, child_pids, run_torchrun
+from tests.support import child_pids, run_torchrun, start_python_module, torchrun_workers
 from tests.support.data import data_env, data_recipe
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -36,10 +35,9 @@ def _first_update_drawing(index: int, updates: int = 200) -> int | None:
 
 
 def _rank_process(agent: int, rank: int) -> int:
-    for pid in child_pids(agent):
-        if f"RANK={rank}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-            return pid
-    raise AssertionError(f"no worker of rank {rank} under {agent}")
+    workers = torchrun_workers(agent)
+    assert rank in workers, f"no worker of rank {rank} under {agent}"
+    return workers[rank]
 
 
 def test_an_example_that_raises_stops_every_rank_naming_it(tmp_path: Path) -> None:
@@ -73,11 +71,11 @@ def test_a_sigkilled_data_worker_stops_every_rank_naming_it(tmp_path: Path) -> N
     recipe = data_recipe(tmp_path / "r.yaml", run, **{
         "trainer.max_updates": 100_000, "trainer.save_every": 5, "trainer.log_every": 1,
         "trainer.validate_every": 0, "trainer.data_workers": 2})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-               "--nproc-per-node=2", "--monitor-interval=0.2", "-m", "embodichain",
-               "train-sl", "--config", str(recipe), "--no-progress"]
-    proc = subprocess.Popen(command, cwd=REPO, env=data_env(EMBODICHAIN_TEST_SLEEP_S="0.05"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--monitor-interval=0.2",
+               "-m", "embodichain", "train-sl", "--config", str(recipe), "--no-progress"]
+    proc = start_python_module("torch.distributed.run", *command,
+                               env=data_env(EMBODICHAIN_TEST_SLEEP_S="0.05"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 180
         while not ((run / "metrics.jsonl").exists()

@@ -16,14 +16,17 @@ rank and record identical metrics; counting rare aborts over many runs is the jo
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.support import CPU_RECIPE, REPO, SCRIPTS, TIMEOUT, run_torchrun, worker_env
+from tests.support import (
+    CPU_RECIPE,
+    SCRIPTS,
+    run_python_module,
+    run_torchrun,
+)
 
 LAUNCHES = 2  # one pair, two at a time: two runs' workers racing each other at all
 # (a trap itself is caught in every launch by test_no_gloo_thread_is_left_after_a_run;
@@ -37,11 +40,9 @@ def test_no_gloo_thread_is_left_after_a_run(tmp_path: Path) -> None:
     """Catches a group that destroy_process_group cannot free (its threads then run into
     interpreter exit): importing torch.distributed.nn.functional after the group exists
     leaves two `pt_gloo_runloop` threads and a `gloo_tcp_loop` in every worker."""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nnodes=1", "--nproc-per-node=2",
-                           str(SCRIPTS / "gloo_threads_after_run.py"), str(tmp_path / "run")],
-                          cwd=REPO, env=worker_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = run_python_module("torch.distributed.run", "--standalone", "--nnodes=1",
+                             "--nproc-per-node=2", str(SCRIPTS / "gloo_threads_after_run.py"),
+                             str(tmp_path / "run"))  # a script: its workers are fresh
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("gloo threads left: []") == 2, proc.stdout + proc.stderr
 

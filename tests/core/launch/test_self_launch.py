@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from tests.support import REPO, worker_env, write_recipe
+from tests.support import REPO, start_python_module, worker_env, write_recipe
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
@@ -76,9 +76,9 @@ def test_sigterm_to_the_self_launcher_stops_with_a_snapshot_and_exits_143(
                           factory="blocking:build_supervised_trainer")
     env = worker_env(PYTHONPATH=str(FACTORIES), EMBODICHAIN_TEST_BLOCK_AT="7",
                      EMBODICHAIN_TEST_BLOCK_FILE=str(release))
-    proc = subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
-                             str(recipe), "--nproc-per-node", "2", "--no-progress"], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_python_module("embodichain", "train-sl", "--config", str(recipe),
+                               "--nproc-per-node", "2", "--no-progress", env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while not all(Path(f"{release}.rank{r}").exists() for r in (0, 1)):

@@ -170,6 +170,7 @@ def test_a_process_limit_refuses_data_workers_and_many_cpus_warn_once(tmp_path: 
     run = tmp_path / "run"
     recipe = write_recipe(tmp_path / "r.yaml", run, **{"trainer.max_updates": 2,
                                                        "trainer.data_workers": 60})
+    # Fresh, not warm: the limits are set in the child itself before it starts (preexec_fn).
     proc = subprocess.run([sys.executable, "-m", "embodichain", "train-sl", "--config",
                            str(recipe), "--no-progress"], env=worker_env(), text=True,
                           capture_output=True, timeout=120, preexec_fn=_limited(40, None))

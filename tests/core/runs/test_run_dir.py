@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -15,12 +14,12 @@ import pytest
 from embodichain.core.errors import RefusedError
 from embodichain.core.runs.run_dir import claim
 from tests.support import (
-    REPO,
     TESTS,
     TIMEOUT,
     run_cli,
     run_torchrun,
     snapshot_dir,
+    start_python_module,
     worker_env,
     workers_output,
     write_recipe,
@@ -164,9 +163,8 @@ def test_two_launches_racing_for_one_directory(tmp_path):
     """Two `train-sl` processes started together into one empty directory: one trains."""
     out = tmp_path / "contested"
     recipes = [write_recipe(tmp_path / f"r{i}.yaml", out, **SHORT) for i in range(2)]
-    procs = [subprocess.Popen([sys.executable, "-m", "embodichain", "train-sl", "--config",
-                               str(r), "--no-progress"], cwd=REPO, env=worker_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [start_python_module("embodichain", "train-sl", "--config", str(r), "--no-progress",
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in recipes]
     results = [(p.wait(timeout=TIMEOUT), *p.communicate()) for p in procs]
     codes = sorted(code for code, _, _ in results)

@@ -8,15 +8,13 @@ Tiny: 2 recorded transfer-cube demonstrations, a 32-wide ACT trained for 4 updat
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from tests.support import assert_ok, run_cli
+from tests.support import assert_ok, run_cli, run_python_module
 from tests.support.cli import invoke
 
 pytestmark = pytest.mark.slow  # a recording, a short run, an ONNX export (~1-2 min)
@@ -29,9 +27,9 @@ SEEDS = (100000, 100001)  # the recipe's first evaluation seeds
 def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("aloha_export")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    subprocess.run([sys.executable, "-m", "embodichain_models.policies.aloha.prepare",
-                    "--task", "transfer_cube", "--episodes", "2", str(root / "data")],
-                   check=True, env=env, capture_output=True, timeout=300)
+    assert_ok(run_python_module("embodichain_models.policies.aloha.prepare", "--task",
+                                "transfer_cube", "--episodes", "2", str(root / "data"),
+                                env=env, timeout=300))
     assert invoke("init", "aloha_act", str(root / "packaged.yaml")).exit_code == 0
     recipe = yaml.safe_load((root / "packaged.yaml").read_text())
     recipe["device"] = "cpu"

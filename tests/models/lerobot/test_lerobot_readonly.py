@@ -16,6 +16,8 @@ import pytest
 import yaml
 from embodichain_models.policies.cartpole_bc.prepare import prepare
 
+from tests.support import assert_ok, run_cli
+
 TIMEOUT = 300
 
 
@@ -42,9 +44,7 @@ def bc(tmp_path_factory: pytest.TempPathFactory) -> Path:
     validation worth the name)."""
     root = tmp_path_factory.mktemp("bc_readonly")
     data = prepare(root / "data", episodes=3, seed=0, size=32)
-    subprocess.run([sys.executable, "-m", "embodichain", "init", "cartpole_bc",
-                    str(root / "packaged.yaml")], cwd=root, check=True, capture_output=True,
-                   timeout=TIMEOUT)
+    assert_ok(run_cli("init", "cartpole_bc", str(root / "packaged.yaml"), cwd=root))
     recipe = yaml.safe_load((root / "packaged.yaml").read_text())
     recipe["device"] = "cpu"
     recipe["trainer"].update({"batch_size": 4, "max_updates": 2, "save_every": 2,
@@ -102,10 +102,8 @@ def test_validate_config_build_and_check_data_write_only_the_per_user_caches(
     data = bc / "data"
     before = _listing(data)
     output = tmp_path / "would-be-run"
-    proc = subprocess.run([sys.executable, "-m", "embodichain", command[0], str(bc / "r.yaml"),
-                           *command[1:], "--set", f"trainer.output_dir={output}"],
-                          cwd=tmp_path, env=_env(tmp_path / "cache"), capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    proc = run_cli(command[0], str(bc / "r.yaml"), *command[1:], "--set",
+                   f"trainer.output_dir={output}", cwd=tmp_path, env=_env(tmp_path / "cache"))
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     assert _listing(data) == before
     assert not output.exists()
