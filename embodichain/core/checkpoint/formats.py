@@ -21,6 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from embodichain.core.errors import CheckpointError
+
 
 class SingleFile:
     """Everything in the one file: no parts, nothing to judge beyond the file's digest."""
@@ -142,3 +144,26 @@ def _sharded() -> ModuleType:
 
 def _is_sharded(data: Mapping[str, Any]) -> bool:
     return isinstance(data.get("payload"), Mapping) and "sharded" in data["payload"]
+
+
+def check_rank_entries(data: Mapping[str, Any], path: Path | str) -> None:
+    """Exactly one state per rank 0..world_size-1 (R-CKPT-5): none missing, none extra.
+
+    Checked before restoring (not on every read, so `inspect-checkpoint` can still show
+    what such a file holds).
+    """
+    ranks = format_of(data).rank_entries(data)
+    world_size = data["manifest"].get("world_size")
+    if not isinstance(ranks, dict) or not isinstance(world_size, int):
+        raise CheckpointError(f"{path} holds no per-rank state table; it cannot be restored")
+    expected = set(range(world_size))
+    missing = sorted(expected - set(ranks))
+    extra = sorted((r for r in ranks if r not in expected), key=str)
+    if missing or extra:
+        found = ", ".join(map(str, sorted(ranks, key=str))) or "none"
+        problems = ([f"missing rank {', '.join(map(str, missing))}"] if missing else []) + \
+                   ([f"unexpected entry {', '.join(map(str, extra))}"] if extra else [])
+        raise CheckpointError(
+            f"{path} was written by {world_size} worker(s) but holds per-rank state for "
+            f"rank(s) {found} ({'; '.join(problems)}); every rank needs exactly its own entry, "
+            "so it cannot be restored")

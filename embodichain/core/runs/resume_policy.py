@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from embodichain.core.checkpoint.file import check_rank_entries, read_checkpoint
-from embodichain.core.checkpoint.formats import CheckpointFormat, format_of
+from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.checkpoint.formats import CheckpointFormat, check_rank_entries, format_of
 from embodichain.core.checkpoint.manifest import checkpoint_step
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import CheckpointError, RefusedError
