@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,26 @@ def _train_example(root: Path, launch) -> str:
     (root / "stdout.txt").write_text(proc.stdout)
     (root / "stderr.txt").write_text(proc.stderr)
     return str(root / "run")
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS_AT_START = ({sig: signal.getsignal(sig) for sig in STOP_SIGNALS},
+                     signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+@pytest.fixture(autouse=True)
+def _stop_signals_restored() -> Iterator[None]:
+    """The stop signals as this pytest process had them, again after each test. Product code
+    run in-process may leave SIGTERM ignored (a refused or failed distributed run ignores
+    torchrun's closing SIGTERM, core/distributed/process_group.py) or blocked; a fresh
+    `Popen` child would inherit that and outlive a later test's SIGTERM."""
+    yield
+    handlers, mask = _SIGNALS_AT_START
+    for sig, handler in handlers.items():
+        if signal.getsignal(sig) is not handler and handler is not None:
+            signal.signal(sig, handler)
+    if signal.pthread_sigmask(signal.SIG_BLOCK, []) != mask:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture()
