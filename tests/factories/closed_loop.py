@@ -14,10 +14,18 @@ policy `act(obs) = model(obs)`. Its recipe's `evaluation.env.constructor` is
 `a = w * x` (not trained; an auxiliary layer is), so every world size and strategy acts with
 the same weights, bitwise; `data.acts_log: DIR` appends one line per policy call to
 `DIR/rank{R}.txt` (the test counts each rank's forwards).
+
+For the stop tests (R-EVAL-4), set in the environment, so that the recipe (and with it the
+resume) stays the same: EMBODICHAIN_TEST_EVAL_STEP_S makes every step of every episode sleep
+that long (a slow simulator), EMBODICHAIN_TEST_EVAL_MARK names a file that each reset appends
+a line to (an evaluation is under way), and EMBODICHAIN_TEST_SIGTERM_AT=U makes each process
+send itself SIGTERM in update U's loss (the stop is then agreed at a later update).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -46,10 +54,15 @@ class Reach(gym.Env):
         super().reset(seed=seed)
         self.seed_, self.t = seed, 0
         self.x = float(self.np_random.uniform(-1.0, 1.0))
+        mark = os.environ.get("EMBODICHAIN_TEST_EVAL_MARK")
+        if mark:
+            with open(mark, "a") as f:
+                f.write(f"{os.getpid()} {seed}\n")
         return np.array([self.x], np.float32), {}
 
     def step(self, action: Any):
         self.t += 1
+        time.sleep(float(os.environ.get("EMBODICHAIN_TEST_EVAL_STEP_S", "0")))
         if self.seed_ == self.faults["raise"] and self.t == 3:
             raise RuntimeError("the simulator broke at step 3")
         if self.seed_ == self.faults["sleep"]:
@@ -128,16 +141,21 @@ def build_supervised_trainer(config: ClosedLoopRecipe, device: torch.device
     source = TensorSource({"x": x, "y": (-x / 0.3).clamp(-1, 1)})
     fixed = config.data.policy_weight is not None
     model = Net(config.data.policy_weight)
+    sigterm_at = int(os.environ.get("EMBODICHAIN_TEST_SIGTERM_AT", "0"))
+    trainer: SupervisedTrainer | None = None
 
     def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
+        if sigterm_at and trainer is not None and trainer.step + 1 == sigterm_at:
+            os.kill(os.getpid(), signal.SIGTERM)
         loss = (model(batch["x"], aux=fixed) - batch["y"]).square().mean()
         return LossResult(loss=loss, weight=float(len(batch["x"])))
 
     def make_policy(model: nn.Module, device: torch.device) -> LinearPolicy:
         return LinearPolicy(model, device, config.data.acts_log)
 
-    return SupervisedTrainer(config, model=model, source=source, objective=objective,
-                             device=device, policy=make_policy)
+    trainer = SupervisedTrainer(config, model=model, source=source, objective=objective,
+                                device=device, policy=make_policy)
+    return trainer
 
 
 build_supervised_trainer.config_schema = ClosedLoopRecipe

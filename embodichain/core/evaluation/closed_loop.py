@@ -3,7 +3,9 @@
 Built with the trainer (the environment is built once there: one that cannot be is refused
 before training, R-EVAL-3). `run` is collective: every rank runs its episodes (e mod W ==
 rank) with the policy the factory makes of the acting weights, and rank 0 receives every
-rank's records and films (one gather), merged by episode index.
+rank's records and films (one gather), merged by episode index. Given the run's stop request,
+the ranks agree between steps whether any was asked to stop, and a stop ends the evaluation
+early on every rank: `Interrupted`, never a result (R-EVAL-4).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from embodichain.core.distributed import process_group
+from embodichain.core.distributed.stop_request import StopRequest, signal_name, signal_of
 from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.envs import EnvSpec, check_buildable
 from embodichain.core.evaluation.episodes import EpisodeRunner, Plan
@@ -37,6 +40,16 @@ class Overrides:
     videos: int | None = None
 
 
+class Interrupted(Exception):  # noqa: N818 (what happened, not an error: the run stops)
+    """The evaluation was cut short by a stop that every rank agreed on (R-EVAL-4), on
+    every rank. `finished`: on rank 0, the episodes that ended before it (None elsewhere);
+    never a metric."""
+
+    def __init__(self, signum: int, finished: EvaluationResult | None, episodes: int) -> None:
+        super().__init__(f"the evaluation was cut short by {signal_name(signum)}")
+        self.signum, self.finished, self.episodes = signum, finished, episodes
+
+
 class ClosedLoopEvaluation:
     """The recipe's `evaluation` section with the factory's policy and success predicate."""
 
@@ -57,11 +70,13 @@ class ClosedLoopEvaluation:
         self.facts = check_buildable(EnvSpec.of(config.env, render=False))
 
     def run(self, model: Any, device: Any, *, lockstep: bool, overrides: Overrides = Overrides(),
-            progress: Any = None) -> EvaluationResult | None:
+            progress: Any = None, stop: StopRequest | None = None) -> EvaluationResult | None:
         """Every rank runs its episodes; rank 0 gets the result (None elsewhere).
 
         `lockstep`: ranks step together, each calling the policy as often as the others
-        (a collective forward, FSDP); `progress(done, total)` is called on rank 0."""
+        (a collective forward, FSDP); `progress(done, total)` is called on rank 0. `stop`:
+        the run's stop request, looked at between steps (every rank agrees: the same on
+        every rank); one asked raises `Interrupted` on every rank."""
         c = self.config
         episodes = overrides.episodes if overrides.episodes is not None else c.episodes
         seed = overrides.seed if overrides.seed is not None else c.seed
@@ -78,23 +93,31 @@ class ClosedLoopEvaluation:
         slots = make_slots(spec, c.envs_per_rank, c.vector)
         show = (lambda done: progress(done, episodes)) if progress is not None and \
             process_group.is_rank_zero() else None
-        step_together = lockstep and process_group.is_distributed()
+        # Ranks step together for a collective forward, for rank 0's count of every rank's
+        # episodes, and to agree on a stop between steps (one small all-reduce per step).
+        step_together = (lockstep or stop is not None) and process_group.is_distributed()
         try:
             runner = EpisodeRunner(slots, policy, plan,
                                    (self.facts.observation_space, self.facts.action_space),
-                                   self.success, _any_rank_running if step_together else None,
-                                   show)
+                                   self.success, _agree if step_together else None, show,
+                                   act_idle=lockstep,
+                                   stop_flag=(lambda: int(stop.flag)) if stop else None)
             outcomes = runner.run()
         finally:
             for slot in slots:
                 slot.close()
         gathered = process_group.gather_to_rank_zero(outcomes)
-        if gathered is None:
-            return None
-        return EvaluationResult.merge(gathered, fps, time.perf_counter() - started)
+        merged = None if gathered is None else \
+            EvaluationResult.merge(gathered, fps, time.perf_counter() - started)
+        if runner.interrupted:
+            signum = signal_of(runner.interrupted)
+            assert signum is not None
+            raise Interrupted(signum, merged, episodes)
+        return merged
 
 
-def _any_rank_running(mine: bool, done: int) -> tuple[bool, int]:
-    """Whether any rank still runs an episode, and the episodes done on all ranks."""
-    running, finished = process_group.sum_over_ranks([int(mine), done])
-    return running > 0, finished
+def _agree(mine: bool, done: int, stop: int) -> tuple[bool, int, int]:
+    """Whether any rank still runs an episode, the episodes done on all ranks, and the sum
+    of the ranks' stop flags (0: none was asked to stop)."""
+    running, finished, stops = process_group.sum_over_ranks([int(mine), done, stop])
+    return running > 0, finished, stops

@@ -10,9 +10,13 @@ a fault fails that episode, with its
 reason, and the slot's environment is rebuilt for the next one. The episode's outcome is
 `success(info, reward, terminated)` at its last step (default `info["is_success"]`).
 
-`lockstep(mine)` (given under FSDP, whose forward is collective, and when progress is shown)
-is a collective that says whether any rank still runs an episode: ranks then step together,
-each calling the policy the same number of times.
+`agree(mine, done, stop)` (distributed: under FSDP, whose forward is collective, when
+progress is shown, and whenever a stop request is watched) is a collective that says whether
+any rank still runs an episode, how many are done, and whether any rank was asked to stop:
+ranks then step together (`act_idle`: a rank without a running episode still calls the policy,
+as a collective forward needs). A stop asked on any rank ends the evaluation on every rank at
+the same step (R-EVAL-4): `interrupted` then holds the agreed stop flags, and the episodes
+still running are dropped; a rank asked to stop steps no further slot meanwhile.
 """
 
 from __future__ import annotations
@@ -94,13 +98,16 @@ class EpisodeRunner:
 
     def __init__(self, slots: Sequence[Slot], policy: ClosedLoopPolicy, plan: Plan,
                  spaces: tuple[Any, Any], success: Success,
-                 lockstep: Callable[[bool, int], tuple[bool, int]] | None = None,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 agree: Callable[[bool, int, int], tuple[bool, int, int]] | None = None,
+                 progress: Callable[[int], None] | None = None, *,
+                 act_idle: bool = True, stop_flag: Callable[[], int] | None = None) -> None:
         import numpy as np
         from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
         self.slots, self.policy, self.plan, self.success = slots, policy, plan, success
-        self.lockstep, self.progress = lockstep, progress
+        self.agree, self.progress, self.act_idle = agree, progress, act_idle
+        self.stop_flag = stop_flag or (lambda: 0)
+        self.interrupted = 0  # the stop flags every rank agreed on (0: not cut short)
         self.observation_space, action_space = spaces
         self.batch_actions = batch_space(action_space, len(slots))
         self.iterate = iterate
@@ -118,15 +125,19 @@ class EpisodeRunner:
             self._start(i)
         while True:
             mine = any(r is not None for r in self.running)
-            if self.lockstep is not None:
-                anyone, done = self.lockstep(mine, len(self.outcomes))
+            if self.agree is not None:
+                anyone, done, stops = self.agree(mine, len(self.outcomes), self.stop_flag())
             else:
-                anyone, done = mine, len(self.outcomes)
+                anyone, done, stops = mine, len(self.outcomes), self.stop_flag()
             if self.progress is not None:
                 self.progress(done)
+            if stops:  # every rank sees the same sum: all end here, before the same forward
+                self.interrupted = stops
+                break
             if not anyone:
                 break
-            actions = self._act()
+            if mine or self.act_idle:
+                actions = self._act()
             if mine:
                 self._step(actions)
         return sorted(self.outcomes, key=lambda o: o.record["episode"])
@@ -166,11 +177,14 @@ class EpisodeRunner:
             return
 
     def _step(self, actions: list[Any]) -> None:
-        live = [i for i, r in enumerate(self.running) if r is not None]
-        for i in live:
-            running = self.running[i]
-            assert running is not None
+        live = []
+        for i, running in enumerate(self.running):
+            if running is None:
+                continue
+            if self.stop_flag():  # a slow sync step each: end sooner; the next agreement stops
+                break
             self.slots[i].send("step", actions[i], running.film is not None)
+            live.append(i)
         for i in live:
             episode = self.running[i]
             assert episode is not None

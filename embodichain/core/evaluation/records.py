@@ -4,8 +4,9 @@ Records are ordered by episode index and hold nothing of the rank that ran them,
 are the same on any world size. Under the run directory an evaluation at update U writes
 `evaluations/update_UUUUUU.jsonl` (one record per line: episode, seed, success, return,
 length, how it ended, the failure reason) and the films of the first episodes as
-`evaluations/update_UUUUUU/episode_EEEE.mp4`; `embodichain eval --out DIR` writes
-`DIR/episodes.jsonl`, `DIR/summary.json` and `DIR/videos/`.
+`evaluations/update_UUUUUU/episode_EEEE.mp4`; one cut short by a stop (R-EVAL-4), only the
+episodes it finished, as `evaluations/update_UUUUUU.interrupted.jsonl`. `embodichain eval
+--out DIR` writes `DIR/episodes.jsonl`, `DIR/summary.json` and `DIR/videos/`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from embodichain.core.evaluation.episodes import Outcome
 
 EVALUATIONS = "evaluations"
+INTERRUPTED = ".interrupted.jsonl"  # the episodes an evaluation cut short by a stop finished
 PREFIX = "validation"
 
 

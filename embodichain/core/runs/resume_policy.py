@@ -376,7 +376,9 @@ def _refuse_if_complete(snapshot: Snapshot, directory: Path, max_updates: int,
     if early := stopped_early(snapshot.run, config):  # complete too (R-MET-2)
         raise RunComplete(f"the run in {directory} is complete: it {early}. Nothing was "
                           "changed.")
-    if snapshot.step >= max_updates:
+    # A stop at the last update that skipped or cut short its validation left it due: the
+    # resume runs it (R-EVAL-4).
+    if snapshot.step >= max_updates and not snapshot.run.get("validation_due"):
         raise RunComplete(
             f"the run in {directory} is complete: update {snapshot.step} of "
             f"{max_updates} is saved in {snapshot.path.name}. Nothing was changed; to "

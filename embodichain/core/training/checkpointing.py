@@ -65,6 +65,7 @@ class Checkpointed(Protocol):
     last_metrics: dict[str, float]
     callbacks: list[Any]
     run: RunContext | None
+    validation_due: bool
 
 
 class Checkpointing:
@@ -143,7 +144,11 @@ class Checkpointing:
         if process_group.is_rank_zero():
             payload = {"run": {**run.identity, "step": trainer.step,
                                "metrics": dict(trainer.last_metrics),
-                               "best_tracker": trainer.tracker.state_dict()},
+                               "best_tracker": trainer.tracker.state_dict(),
+                               # a stop skipped or cut short this update's validation: the
+                               # resume runs it first (R-EVAL-4)
+                               **({"validation_due": True} if trainer.validation_due
+                                  else {})},
                        "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
                                      if hasattr(cb, "state_dict")}}
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +203,7 @@ def restore_rank_and_run(trainer: Checkpointed, mine: Mapping[str, Any],
     trainer.step = int(payload["run"]["step"])
     trainer.last_metrics = dict(payload["run"].get("metrics") or {})
     trainer.tracker.load_state_dict(payload["run"].get("best_tracker"))
+    trainer.validation_due = bool(payload["run"].get("validation_due", False))
 
 
 def keyed_callbacks(trainer: Checkpointed) -> list[tuple[str, Any]]:

@@ -12,15 +12,23 @@ films to the loggers that show videos (TensorBoard, W&B).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
-from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
+from embodichain.core.distributed.stop_request import StopRequest, signal_name
+from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted, Overrides
 from embodichain.core.evaluation.policy import MakePolicy, Success
-from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, evaluation_name
+from embodichain.core.evaluation.records import (
+    EVALUATIONS,
+    INTERRUPTED,
+    EvaluationResult,
+    evaluation_name,
+)
+from embodichain.core.observe.progress import log
 from embodichain.core.training.strategies import ValidationFailed
 
 
@@ -60,10 +68,12 @@ def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:
 
 def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
                     overrides: Overrides | None = None, progress: Any = None,
-                    lockstep: bool = False) -> EvaluationResult | None:
+                    lockstep: bool = False, stop: StopRequest | None = None
+                    ) -> EvaluationResult | None:
     """The evaluation on every rank (collective); rank 0's result, None elsewhere.
     `lockstep` (the same on every rank): step together even where the strategy's forward
-    is not collective (`eval`: rank 0's progress bar counts every rank's episodes)."""
+    is not collective (`eval`: rank 0's progress bar counts every rank's episodes). `stop`
+    (given on every rank or none): a stop asked on any rank cuts it short, `Interrupted`."""
     closed_loop = trainer.closed_loop
     assert closed_loop is not None
     if ema is None:
@@ -74,8 +84,9 @@ def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
         model.eval()
         try:
             return closed_loop.run(model, trainer.device, lockstep=lockstep,
-                                   overrides=overrides or Overrides(), progress=progress)
-        except ValidationFailed:
+                                   overrides=overrides or Overrides(), progress=progress,
+                                   stop=stop)
+        except (ValidationFailed, Interrupted):
             raise
         except Exception as exc:
             raise ValidationFailed(
@@ -99,3 +110,19 @@ def record_closed_loop(trainer: Evaluating, result: EvaluationResult
         writer.write_videos(trainer.step, {f"evaluation/episode_{e}": (path, result.films[e])
                                            for e, path in films.items()}, result.fps)
     return {**result.metrics(), "time/evaluation_s": result.wall_s}
+
+
+def record_interrupted(trainer: Evaluating, cut: Interrupted) -> Path:
+    """Rank 0: an evaluation cut short by a stop is no metric and no best (R-EVAL-4): the
+    episodes it finished go to `evaluations/update_UUUUUU.interrupted.jsonl` (no films), and
+    the log says so. The snapshot of its update says that the validation is still due."""
+    run = trainer.run
+    assert run is not None and cut.finished is not None
+    path = run.directory / EVALUATIONS / f"{evaluation_name(trainer.step)}{INTERRUPTED}"
+    finished = EvaluationResult(cut.finished.records, fps=cut.finished.fps)
+    finished.write(path, path.with_suffix(""), run.directory)
+    log.info("the validation at update %d was cut short by %s after %d of %d episodes: "
+             "not a metric and not a best (its episodes are in %s); resuming runs it again "
+             "first", trainer.step, signal_name(cut.signum), len(finished.records),
+             cut.episodes, path)
+    return path

@@ -1,4 +1,4 @@
-"""SupervisedTrainer: the fit loop, validation on rank 0, and collective checkpointing."""
+"""SupervisedTrainer: the fit loop; validations (validating.py) and collective checkpoints."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from torch import nn
 
 from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.names import LAST, step_filename
-from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.checkpoint.writer import SAVE_DUE, SAVE_FAILED
 from embodichain.core.data.micro_batches import TimedLoads
 from embodichain.core.data.mixture import part_counts, part_metrics
@@ -23,7 +22,7 @@ from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
-from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
+from embodichain.core.recipe.best import Best, BestTracker, choose_best
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import finite_values
@@ -32,20 +31,14 @@ from embodichain.core.runs.snapshots import where_to_continue
 from embodichain.core.training.batches import batch_loader, rank_sampler
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
-from embodichain.core.training.ema import validation_models
-from embodichain.core.training.evaluating import (
-    SUCCESS_RATE,
-    closed_loop_of,
-    record_closed_loop,
-    run_closed_loop,
-)
+from embodichain.core.training.evaluating import SUCCESS_RATE, closed_loop_of
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
-from embodichain.core.training.strategies import ValidationFailed
+from embodichain.core.training.validating import Validation
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -119,6 +112,10 @@ class SupervisedTrainer:
         # also those of validation callbacks (R-CKPT-8, R-VAL-2); the strategy says what
         # each rank writes (R-SHARD-2).
         self.checkpoints = Checkpointing(t, device)
+        # Validations (core/training/validating.py); `validation_due`: this update's, which
+        # a stop skipped or cut short, runs first when the run goes on (R-EVAL-4).
+        self.validation = Validation(self, self._record)
+        self.validation_due = False
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
         self.run_opener: Callable[[SupervisedTrainer, bool, StopRequest | None],
@@ -157,10 +154,12 @@ class SupervisedTrainer:
         pace = DataPace(t.batch_size * t.grad_accumulation * process_group.world_size())
         if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
             progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
-            self._show_validation(progress, self.last_metrics)
+            self.validation.show(progress, self.last_metrics)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         self.checkpoints.clock.restart()
         try:
+            if self.validation_due:  # one a stop cut short or skipped: first (R-EVAL-4)
+                stopping = self.validation(progress, stop)
             while self.step < t.max_updates and not stopping and not self.stops_early:
                 result = self._update(stop)
                 pace.add(result.data_waits, process_group.rank())
@@ -174,7 +173,10 @@ class SupervisedTrainer:
                 if self.step % t.log_every == 0:
                     self._log_training(result, progress, pace)
                 if t.validate_every and self.step % t.validate_every == 0:
-                    self._validate(progress)
+                    # A stop agreed: the snapshot first, the validation still due (R-EVAL-4)
+                    self.validation_due = self.validation.configured
+                    if not stopping:
+                        stopping = self.validation(progress, stop)  # a stop may cut it
                 if t.save_every and self.step % t.save_every == 0:
                     self.save(run.directory / step_filename(self.step))
                     saved_at = self.step
@@ -202,7 +204,7 @@ class SupervisedTrainer:
         if self.stops_early and self.step < t.max_updates and rank_zero:
             log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
                                                 t.early_stop))
-        if stopping and self.step < t.max_updates:
+        if stopping and (self.step < t.max_updates or self.validation_due):
             record_clean_stop(run.directory, self.step, stopping, rank_zero)  # after settle
             raise stopped(stopping, self.step, t.max_updates, run.directory,
                           process_group.world_size())
@@ -267,78 +269,6 @@ class SupervisedTrainer:
         run = require_run(self)
         if run.metrics is not None:
             run.metrics.write({"step": self.step, **values})
-
-    # -- validation --------------------------------------------------------------------
-
-    def _validate(self, progress: ProgressReporter) -> None:
-        """The strategy evaluates where it validates (DDP: rank 0; FSDP: every rank);
-        rank 0 records, and its callbacks may `save()` (written as validation ends)."""
-        if self.evaluate is None and self.closed_loop is None:
-            return
-        try:
-            failure = self._validate_here(progress)
-            # Other ranks wait here; a failure on rank 0 stops every rank instead of hanging
-            # it. Every rank takes rank 0's standing on the best metric: all agree on an
-            # early stop.
-            outcome = process_group.raise_if_rank_zero_failed(
-                failure, f"validation failed on rank 0 at update {self.step}",
-                f"rank 0 at update {self.step}", best_tracker=self.tracker.state_dict())
-        except RuntimeError as exc:  # a peer gone: its own validation failure, if it left one
-            cause = process_group.failure_left_by_peers()
-            if cause is None:
-                raise
-            raise ValidationFailed(cause) from exc
-        self.tracker.load_state_dict(outcome["best_tracker"])
-
-    def _validate_here(self, progress: ProgressReporter) -> str | None:
-        """This rank's part of a validation; rank 0's failure (None: none), for the others."""
-        failure = None
-        with self.checkpoints.validating(self):
-            # The closed loop first, on every rank (collective; a failure stops its rank).
-            closed = run_closed_loop(self) if self.closed_loop is not None else None
-            try:
-                metrics = (self.learner.strategy.validate(self._evaluate, self.step)
-                           if self.evaluate is not None
-                           else {} if process_group.is_rank_zero() else None)
-                if metrics is not None:  # rank 0
-                    if closed is not None:
-                        metrics.update(record_closed_loop(self, closed))
-                    self._record(metrics)
-                    self._show_validation(progress, metrics)
-                    early = self.config.trainer.early_stop
-                    self.tracker.observe(self.step, metrics, early.min_delta if early else 0.0)
-                    for callback in self.callbacks:
-                        callback.on_validation(self, metrics)
-            except ValidationFailed:  # this rank stops alone (its peers may be in a collective)
-                raise
-            except MetricMissing as exc:  # the recipe's mistake: its message only
-                failure = str(exc)
-            except Exception as exc:
-                failure = f"{type(exc).__name__}: {exc}"
-                log.exception("validation failed at update %d", self.step)
-        return failure
-
-    def _show_validation(self, progress: ProgressReporter, metrics: Mapping[str, float]
-                         ) -> None:
-        """The bar's validation field: the best metric's value (R-UX-1, R-MET-1), from a
-        validation's metrics or, after a resume, the ones the checkpoint restored."""
-        progress.update(self.step, val=metrics.get(self.best.metric))
-
-    def _evaluate(self) -> dict[str, float]:
-        start = time.perf_counter()
-        metrics: dict[str, float] = {}
-        ema = self.config.trainer.ema
-        for model, named in validation_models(self.learner.model, self.learner.ema,
-                                              ema.validate if ema is not None else None):
-            with preserved_rng(self.device), torch.no_grad():
-                model.eval()
-                try:
-                    metrics.update(named({k: float(v) for k, v in
-                                          self.evaluate(model, self.device).items()}))
-                finally:
-                    model.train()
-        metrics["time/validation_s"] = time.perf_counter() - start
-        return metrics
 
     # -- checkpoints and lifecycle -----------------------------------------------------
 
