@@ -81,7 +81,7 @@ def main() -> None:
     from rich.console import Console
 
     from embodichain.cli.common import BROKEN_PIPE, quiet_stdout
-    from embodichain.core.distributed import launcher_watch
+    from embodichain.core.distributed import launcher_watch, stop_request
 
     def reader_gone(console: Console) -> None:  # rich's own choice is exit 1
         quiet_stdout()
@@ -90,6 +90,7 @@ def main() -> None:
     Console.on_broken_pipe = reader_gone  # type: ignore[method-assign]
 
     launcher_watch.watch_launcher()  # a worker stops with a snapshot if its launcher dies
+    stop_request.sigterm_ignored_until_exit()  # this process ends with its run
     try:
         app()
     except SystemExit as exit_:

@@ -5,7 +5,7 @@ collective). `on_rank_one`: rank 1 fails after its forward, so rank 0 has left t
 forward's collectives and waits for rank 1 in the next collective.
 `before_forward_on_rank_one`: rank 1 fails before its forward, so rank 0 waits for it inside
 the forward's all-gather; rank 1 first writes the wall time of its failure (`time.time()`)
-to `$FAILED_AT_FILE` when that is set.
+to `$FAILED_AT_FILE` when that is set. `everywhere`: every rank's `evaluate` raises.
 """
 
 from __future__ import annotations
@@ -48,3 +48,14 @@ def before_forward_on_rank_one(config, device):
 
 on_rank_one.config_schema = sl_ddp.build_supervised_trainer.config_schema
 before_forward_on_rank_one.config_schema = sl_ddp.build_supervised_trainer.config_schema
+
+
+def everywhere(config, device):
+    trainer = sl_ddp.build_supervised_trainer(config, device)
+
+    def failing(model, device):
+        raise ValueError("the validation corpus is unreadable")
+
+    trainer.evaluate = failing
+    return trainer
+everywhere.config_schema = sl_ddp.build_supervised_trainer.config_schema

@@ -4,7 +4,8 @@ EMBODICHAIN_TEST_DATASET, as docs/lerobot.md's snippet does (`direct`: the reade
 through) or as a cautious factory does (`wrapped`: re-raised in its own RuntimeError, `from
 exc`; `implicit`: raised in the `except` block without `from`, the reader's error its
 context; `suppressed`: `from None`, the context hidden from the traceback only);
-`bad_blocks` names a module outside the model in `shard_blocks`.
+`bad_blocks` names a module outside the model in `shard_blocks`; `refuses` raises the
+framework's UsageError at once.
 
 With EMBODICHAIN_TEST_SLOW_EXIT_RANK=r, rank r's interpreter lingers 2 s at exit (as a
 rank still shutting down its process group does when torchrun stops the others).
@@ -82,5 +83,11 @@ def bad_blocks(config, device):
                              device=device, shard_blocks=[model[0], nn.Linear(2, 2)])
 
 
-for _factory in (direct, wrapped, implicit, suppressed, bad_blocks):
+def refuses(config, device):
+    from embodichain.core.errors import UsageError
+
+    raise UsageError("data.train_size: refused by the test factory")
+
+
+for _factory in (direct, wrapped, implicit, suppressed, bad_blocks, refuses):
     _factory.config_schema = sl_ddp.SlDdpConfig

@@ -7,7 +7,6 @@ import gc
 import json
 import os
 import pickle
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -20,6 +19,8 @@ from embodichain.core.distributed.stop_request import (
     RANK_ZERO_GRACE_S,
     TRAINING_GRACE_S,
     blocking_wait,
+    ignore_sigterm,
+    sigterm_given_back,
 )
 from embodichain.core.errors import TrainingError, UsageError
 from embodichain.core.tensor_bytes import tensor_bytes
@@ -76,8 +77,17 @@ def distributed_run(device: str | torch.device = "auto") -> Iterator[torch.devic
 
     Under torchrun (WORLD_SIZE > 1) and with no group yet, this creates one (gloo on CPU,
     NCCL on CUDA) and destroys it on exit, normal or not; a group that already existed stays
-    the caller's. In a single process no group is created. Yields the resolved device.
+    the caller's. In a single process no group is created. Yields the resolved device. A
+    run that failed or was refused inside it leaves SIGTERM as it found it (but in the CLI,
+    whose process then exits: `wait_for_rank_zero_exit`).
     """
+    with sigterm_given_back():
+        with _distributed_run(device) as resolved:
+            yield resolved
+
+
+@contextlib.contextmanager
+def _distributed_run(device: str | torch.device) -> Iterator[torch.device]:
     resolved = resolve_device(device)
     owns_group = False
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not is_distributed():
@@ -357,26 +367,23 @@ def wait_for_rank_zero_exit(origin: Mapping[str, Any], timeout: float = 10.0) ->
     the remaining workers with SIGTERM as soon as the first one exits, so from here until
     it exits every rank ignores SIGTERM: a rank still shutting down when torchrun reacts
     ends with its own code instead of -15 (torchrun escalates to SIGKILL only after 30 s).
+    (A program that called `train()` gets its SIGTERM handler back when the run's
+    `distributed_run` ends; the CLI's process keeps ignoring it until it exits.)
     A barrier makes sure every rank has done so before any of them can exit. Then the other
     ranks leave only after rank 0 has ended, so that rank 0 is never stopped before it has
     printed the reason. Only ranks on rank 0's host can see its process; others go at once.
     """
-    _ignore_sigterm()
+    ignore_sigterm()
     barrier()
     if not is_rank_zero():
         _wait_for_exit(origin, timeout)
-
-
-def _ignore_sigterm() -> None:
-    with contextlib.suppress(ValueError):  # not the main thread: cannot change it
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _wait_for_exit(origin: Mapping[str, Any], timeout: float = 10.0) -> None:
     """Ignore torchrun's SIGTERM from now on, and let rank 0 (if on this host: others cannot
     see its process) exit first, so that it prints the reason and every rank ends with the
     run's own code."""
-    _ignore_sigterm()
+    ignore_sigterm()
     if origin.get("host") != socket.gethostname():
         return
     pid = origin.get("pid")

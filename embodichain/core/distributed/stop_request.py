@@ -189,6 +189,40 @@ def blocking_wait(what: str, grace_s: float = GRACE_S, cost: str = "nothing was 
         active._waiting = outer  # a stop asked meanwhile stops at the next boundary
 
 
+# A refused or failed distributed run ignores SIGTERM from then on (process_group), so that
+# torchrun's closing SIGTERM does not turn its exit code into -15. In the CLI that lasts
+# until the process exits; a program that goes on after `train()` raised gets its handler
+# back when the run's `distributed_run` ends (`sigterm_given_back`).
+_SIGTERM: dict[str, Any] = {"ignored": 0, "until_exit": False}
+
+
+def ignore_sigterm() -> None:
+    """Ignore SIGTERM until the process exits, or a `sigterm_given_back` block ends."""
+    with contextlib.suppress(ValueError):  # not the main thread: cannot change it
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _SIGTERM["ignored"] += 1
+
+
+def sigterm_ignored_until_exit() -> None:
+    """Called by the CLI, whose process ends with its run: SIGTERM, once ignored, stays so."""
+    _SIGTERM["until_exit"] = True
+
+
+@contextlib.contextmanager
+def sigterm_given_back() -> Iterator[None]:
+    """After the block, SIGTERM's handler from before it, if the block ignored SIGTERM
+    (`ignore_sigterm`) and it is still ignored; but in the CLI."""
+    before, ignored = signal.getsignal(signal.SIGTERM), _SIGTERM["ignored"]
+    try:
+        yield
+    finally:
+        if (_SIGTERM["ignored"] != ignored and not _SIGTERM["until_exit"]
+                and before is not None
+                and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, before)
+
+
 def _cpu_time(thread: int | None) -> float | None:
     """The CPU time a thread of this process has used (None where the OS cannot tell)."""
     try:

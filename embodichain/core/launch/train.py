@@ -8,7 +8,6 @@ SIGINT / SIGTERM stop every rank at the same update with a snapshot (R-SIG-1).
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.checkpoint.rank_state import seed_streams
 from embodichain.core.data.samplers import stream_seed
 from embodichain.core.distributed import determinism, process_group
-from embodichain.core.distributed.stop_request import StopRequest
+from embodichain.core.distributed.stop_request import StopRequest, ignore_sigterm
 from embodichain.core.errors import (
     Stopped,
     UsageError,
@@ -114,8 +113,7 @@ def _refused_by_the_factory() -> None:
     here on this rank ignores it, so that its own code, not -15, is what torchrun reports
     (and a self-launch sees a refusal on every worker: not retried, R-PROC-3)."""
     if process_group.is_distributed():
-        with contextlib.suppress(ValueError):  # not the main thread: cannot change it
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_sigterm()  # until exit in the CLI; a program gets it back (distributed_run)
 
 
 @dataclass
