@@ -22,23 +22,22 @@ from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
-from embodichain.core.recipe.best import Best, BestTracker, choose_best
+from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
 from embodichain.core.training.batches import batch_loader, rank_sampler
-from embodichain.core.training.callbacks import SaveBest, ValidationCallback
+from embodichain.core.training.callbacks import ValidationCallback
 from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
-from embodichain.core.training.evaluating import SUCCESS_RATE, closed_loop_of
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
-from embodichain.core.training.validating import Validation
+from embodichain.core.training.validating import Validation, validation_setup
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -79,20 +78,11 @@ class SupervisedTrainer:
         self.source = source
         self.objective = objective
         self.evaluate = evaluate
-        self.callbacks = list(callbacks)
-        # R-EVAL-1: the recipe's evaluation section with the factory's policy; refused here
-        # (exit 2, before training) without a policy, or when the environment cannot be built.
-        self.closed_loop = closed_loop_of(config, policy, success)
-        if best is None and evaluate is None and self.closed_loop is not None:
-            best = SUCCESS_RATE  # a closed loop alone: its success rate, higher is better
-        # R-MET-1: the recipe's trainer.best, else the factory's `best`, else validation/mse.
-        self.best = choose_best(config.trainer, best,
-                                evaluate is not None or self.closed_loop is not None)
+        # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
+        # (R-MET-1) and the callbacks, trainer.save_best's last.
+        self.closed_loop, self.best, self.callbacks = validation_setup(
+            config, evaluate, callbacks, best, policy, success)
         self.tracker = BestTracker(self.best)
-        if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
-            # `trainer.save_best: true`: keep best.pt by the best metric. Appended last, so
-            # the factory's own callbacks keep their checkpoint keys whether or not it is on.
-            self.callbacks.append(SaveBest(self.best.metric, mode=self.best.mode))
         t = config.trainer
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
@@ -146,15 +136,7 @@ class SupervisedTrainer:
         t = self.config.trainer
         run = require_run(self)
         rank_zero = process_group.is_rank_zero()
-        if rank_zero:
-            warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
-                                       self.step, run.directory)
-        progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
-                                    t.log_every, label=self.best.label)
-        pace = DataPace(t.batch_size * t.grad_accumulation * process_group.world_size())
-        if self.step:  # resumed: the bar starts from the snapshot's last figures, not `-`
-            progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
-            self.validation.show(progress, self.last_metrics)
+        progress, pace = self._begin(show_progress, run.directory, rank_zero)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         self.checkpoints.clock.restart()
         try:
@@ -172,16 +154,8 @@ class SupervisedTrainer:
                     self._record({"train/skipped": 1})
                 if self.step % t.log_every == 0:
                     self._log_training(result, progress, pace)
-                if t.validate_every and self.step % t.validate_every == 0:
-                    # A stop agreed: the snapshot first, the validation still due (R-EVAL-4)
-                    self.validation_due = self.validation.configured
-                    if not stopping:
-                        stopping = self.validation(progress, stop)  # a stop may cut it
-                if t.save_every and self.step % t.save_every == 0:
-                    self.save(run.directory / step_filename(self.step))
-                    saved_at = self.step
-                elif result.rank_zero_note == SAVE_DUE:  # trainer.save_every_s elapsed
-                    self.save(run.directory / LAST)
+                stopping = self._validate_if_due(progress, stop, stopping)
+                if self._save_if_due(run.directory, result.rank_zero_note):
                     saved_at = self.step
                 progress.update(self.step)
             if saved_at != self.step:
@@ -201,14 +175,59 @@ class SupervisedTrainer:
         finally:
             progress.close()
             self.checkpoints.settle()  # every exit path waits for the save in flight
+        self._end(stopping, run.directory, rank_zero)
+        return dict(self.last_metrics)
+
+    def _begin(self, show_progress: bool, directory: Path, rank_zero: bool
+               ) -> tuple[ProgressReporter, DataPace]:
+        """The disk plan's warning, the progress bar (a resumed one from the snapshot's last
+        figures, not `-`) and the data pace."""
+        t = self.config.trainer
+        if rank_zero:
+            warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
+                                       self.step, directory)
+        progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
+                                    t.log_every, label=self.best.label)
+        if self.step:
+            progress.update(self.step, loss=self.last_metrics.get("train/loss", float("nan")))
+            self.validation.show(progress, self.last_metrics)
+        return progress, DataPace(t.batch_size * t.grad_accumulation
+                                  * process_group.world_size())
+
+    def _validate_if_due(self, progress: ProgressReporter, stop: StopRequest | None,
+                         stopping: int | None) -> int | None:
+        """This update's validation, when due; the stop agreed. A stop agreed at the update
+        skips it, so that the snapshot comes first, and one asked during it cuts it short:
+        either way it stays due (R-EVAL-4)."""
+        every = self.config.trainer.validate_every
+        if not every or self.step % every:
+            return stopping
+        self.validation_due = self.validation.configured
+        return stopping or self.validation(progress, stop)
+
+    def _save_if_due(self, directory: Path, rank_zero_note: float) -> bool:
+        """The step file of `trainer.save_every`, else last.pt when `save_every_s` elapsed
+        (rank 0's note); whether a snapshot was saved."""
+        every = self.config.trainer.save_every
+        if every and self.step % every == 0:
+            self.save(directory / step_filename(self.step))
+        elif rank_zero_note == SAVE_DUE:
+            self.save(directory / LAST)
+        else:
+            return False
+        return True
+
+    def _end(self, stopping: int | None, directory: Path, rank_zero: bool) -> None:
+        """After the loop and its last save: an early stop is recorded; a stop signal is
+        recorded and raised (Stopped), also at the last update when its validation is due."""
+        t = self.config.trainer
         if self.stops_early and self.step < t.max_updates and rank_zero:
-            log.info("%s", record_stopped_early(run.directory, self.step, self.tracker,
+            log.info("%s", record_stopped_early(directory, self.step, self.tracker,
                                                 t.early_stop))
         if stopping and (self.step < t.max_updates or self.validation_due):
-            record_clean_stop(run.directory, self.step, stopping, rank_zero)  # after settle
-            raise stopped(stopping, self.step, t.max_updates, run.directory,
+            record_clean_stop(directory, self.step, stopping, rank_zero)  # after settle
+            raise stopped(stopping, self.step, t.max_updates, directory,
                           process_group.world_size())
-        return dict(self.last_metrics)
 
     def _update(self, stop: StopRequest | None) -> UpdateResult:
         """One update on every rank; the stop flags, rank 0's note and each rank's wait for

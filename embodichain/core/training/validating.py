@@ -12,7 +12,7 @@ that resuming runs it first and the run goes on as if it had never stopped.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -21,15 +21,39 @@ from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted
+from embodichain.core.evaluation.policy import MakePolicy, Success
 from embodichain.core.observe.progress import ProgressReporter, log
-from embodichain.core.recipe.best import MetricMissing
+from embodichain.core.recipe.best import Best, MetricMissing, choose_best
+from embodichain.core.training.callbacks import SaveBest, ValidationCallback
 from embodichain.core.training.ema import validation_models
 from embodichain.core.training.evaluating import (
+    SUCCESS_RATE,
+    closed_loop_of,
     record_closed_loop,
     record_interrupted,
     run_closed_loop,
 )
 from embodichain.core.training.strategies import ValidationFailed
+
+
+def validation_setup(config: Any, evaluate: Any, callbacks: Sequence[ValidationCallback],
+                     best: Best | tuple[str, str] | None, policy: MakePolicy | None,
+                     success: Success | None
+                     ) -> tuple[ClosedLoopEvaluation | None, Best, list[ValidationCallback]]:
+    """A trainer's closed loop: the recipe's evaluation section with the factory's policy
+    (refused, exit 2, before training without a policy or a buildable environment); its best
+    metric: the recipe's trainer.best, else the factory's `best`, else the success rate of a
+    closed loop alone (higher is better), else validation/mse; its callbacks, with
+    `trainer.save_best`'s SaveBest appended last, so that the factory's own keep their
+    checkpoint keys whether or not it is on."""
+    closed_loop = closed_loop_of(config, policy, success)
+    if best is None and evaluate is None and closed_loop is not None:
+        best = SUCCESS_RATE
+    chosen = choose_best(config.trainer, best, evaluate is not None or closed_loop is not None)
+    callbacks = list(callbacks)
+    if config.trainer.save_best and not any(isinstance(cb, SaveBest) for cb in callbacks):
+        callbacks.append(SaveBest(chosen.metric, mode=chosen.mode))
+    return closed_loop, chosen, callbacks
 
 
 class Validated(Protocol):
