@@ -18,8 +18,9 @@ the same weights, bitwise; `data.acts_log: DIR` appends one line per policy call
 For the stop tests (R-EVAL-4), set in the environment, so that the recipe (and with it the
 resume) stays the same: EMBODICHAIN_TEST_EVAL_STEP_S makes every step of every episode sleep
 that long (a slow simulator), EMBODICHAIN_TEST_EVAL_MARK names a file that each reset appends
-a line to (an evaluation is under way), and EMBODICHAIN_TEST_SIGTERM_AT=U makes each process
-send itself SIGTERM in update U's loss (the stop is then agreed at a later update).
+a line to (an evaluation is under way: the process, the seed and its SIGTERM handler), and
+EMBODICHAIN_TEST_SIGTERM_AT=U makes each process send itself SIGTERM in update U's loss (the
+stop is then agreed at a later update).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class Reach(gym.Env):
         mark = os.environ.get("EMBODICHAIN_TEST_EVAL_MARK")
         if mark:
             with open(mark, "a") as f:
-                f.write(f"{os.getpid()} {seed}\n")
+                f.write(f"{os.getpid()} {seed} {signal.getsignal(signal.SIGTERM)!r}\n")
         return np.array([self.x], np.float32), {}
 
     def step(self, action: Any):

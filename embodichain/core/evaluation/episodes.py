@@ -155,7 +155,7 @@ class EpisodeRunner:
     def _start(self, i: int) -> None:
         """The next episode of this rank in slot `i` (until one starts or none is left)."""
         plan = self.plan
-        while self.pending:
+        while self.pending and not self.stop_flag():  # none starts once a stop is asked
             index = self.pending.popleft()
             film = FilmEncoder(plan.fps) if index < plan.filmed else None
             episode = Running(index, episode_seed(plan.seed, index), film)

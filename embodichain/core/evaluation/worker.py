@@ -68,7 +68,10 @@ def serve(connection: Any, spec: EnvSpec, path: list[str]) -> None:
     import signal
     import sys
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the evaluating process's
+    # Ctrl-C and a SIGTERM to the whole job are the evaluating process's to act on: it ends
+    # the evaluation between two steps and closes (or kills) this worker (R-EVAL-4).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
     host = EnvHost(spec)
     try:

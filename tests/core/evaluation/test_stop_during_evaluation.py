@@ -37,18 +37,20 @@ TORCHRUN = ["torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-
             "-m", "embodichain"]
 
 
-def _stopped_in_validation(tmp_path: Path, acts: Path, to_rank: int | None
+def _stopped_in_validation(tmp_path: Path, acts: Path, to_rank: int | None,
+                           launch: list[str] = TORCHRUN, **evaluation: object
                            ) -> tuple[Path, int, str, float]:
-    """Train under torchrun with a slow simulator; once the validation at update 2 has reset
-    its first episode, SIGTERM torchrun's process group (`to_rank` None, as `kill -TERM --
-    -PGID` or a batch system does) or only that rank's worker. Returns the run directory,
-    torchrun's exit code, what it printed and the seconds from the signal to its exit."""
+    """Train under torchrun (or `launch`) with a slow simulator; once the validation at
+    update 2 has reset its first episode, SIGTERM the launcher's process group (`to_rank`
+    None, as `kill -TERM -- -PGID` or a batch system does) or only that rank's worker.
+    Returns the run directory, the launcher's exit code, what it printed and the seconds
+    from the signal to its exit."""
     run, mark = tmp_path / "run", tmp_path / "resets.txt"
     acts.mkdir()
-    recipe = write(tmp_path / "r.yaml", run, data={"acts_log": str(acts)})
+    recipe = write(tmp_path / "r.yaml", run, data={"acts_log": str(acts)}, evaluation=evaluation)
     out = (tmp_path / "out.txt").open("w")
     proc = start_python_module(
-        TORCHRUN[0], *TORCHRUN[1:], "train-sl", "--config", str(recipe), "--no-progress",
+        launch[0], *launch[1:], "train-sl", "--config", str(recipe), "--no-progress",
         stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env=factories_env(EMBODICHAIN_TEST_EVAL_STEP_S="0.5",
                           EMBODICHAIN_TEST_EVAL_MARK=str(mark)))
@@ -92,10 +94,10 @@ def _kept_the_update_and_no_metric(run: Path, printed: str, took: float) -> None
     assert validation_lines(run) == {}
 
 
-def _resumes_as_if_never_stopped(run: Path, reference: Path) -> None:
+def _resumes_as_if_never_stopped(run: Path, reference: Path, launcher=run_torchrun) -> None:
     """`resume` validates update 2 first, then trains on: the state bitwise, the metrics
     and every evaluation's records equal to the uninterrupted run's."""
-    assert_ok(run_torchrun("resume", str(run), "--no-progress", env=factories_env()))
+    assert_ok(launcher("resume", str(run), "--no-progress", env=factories_env()))
     assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 2
     assert comparable_records(run) == comparable_records(reference)
     for step in (2, 4):
@@ -129,6 +131,27 @@ def test_sigterm_to_one_rank_during_a_validation_stops_every_rank_there(
     assert "exitcode  : 143" in printed or "exit code: 143" in printed, printed
     _kept_the_update_and_no_metric(run, printed, took)
     _resumes_as_if_never_stopped(run, Path(world_runs["ddp2"]))
+
+
+def test_sigterm_to_one_process_and_its_simulator_processes_during_a_validation(
+        world_runs: dict[str, str], tmp_path: Path) -> None:
+    """One process with `vector: async` (a simulator process per slot, in its process
+    group), the whole group SIGTERMed during the validation at update 2: the same clean
+    stop, exit 143, and the resume equals the uninterrupted `sync` run. Catches a stop that
+    waits for the slots' episodes, and simulator processes that do not leave SIGTERM to
+    their trainer (started by forkserver or spawn, they die of it: their episodes recorded
+    as failed, "the environment process ended (exit code -15)"; forked, they run a copy of
+    the trainer's handler)."""
+    run, code, printed, took = _stopped_in_validation(
+        tmp_path, tmp_path / "acts", None, ["embodichain"], vector="async")
+    assert code == 143, printed
+    _kept_the_update_and_no_metric(run, printed, took)
+    finished = records(run / "evaluations" / f"update_{STOP_AT:06d}.interrupted.jsonl")
+    assert all(r["failure"] is None for r in finished), finished
+    handlers = {line.split(" ", 2)[2] for line in
+                (tmp_path / "resets.txt").read_text().splitlines()}
+    assert handlers == {repr(signal.SIG_IGN)}, handlers
+    _resumes_as_if_never_stopped(run, Path(world_runs["ddp1"]), run_cli)
 
 
 def test_a_stop_agreed_when_a_validation_is_due_saves_first_then_resume_validates(
