@@ -119,6 +119,20 @@ def test_module_is_short_enough(name: str) -> None:
     assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines (at most {MAX_LINES})"
 
 
+TRAINER, TRAINER_LINES, FIT_LINES = "embodichain.core.training.trainer", 330, 60
+
+
+def test_the_trainer_stays_a_loop_and_fit_a_screen() -> None:
+    """The fit loop's module holds the loop: what grows (validation, saving, recovery) goes
+    into the modules beside it (issue 51). Catches trainer.py past 330 lines, or `fit()`
+    past 60."""
+    source = MODULES[TRAINER].read_text()
+    assert len(source.splitlines()) <= TRAINER_LINES
+    (fit,) = [node for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.FunctionDef) and node.name == "fit"]
+    assert fit.end_lineno is not None and fit.end_lineno - fit.lineno + 1 <= FIT_LINES
+
+
 def test_the_checks_can_fail() -> None:
     """The cycle finder itself: a two-module cycle and a three-module one are found."""
     assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]

@@ -127,8 +127,9 @@ class SupervisedTrainer:
         """Train to `trainer.max_updates`, validating, logging and saving on schedule.
 
         When `stop` is requested on any rank, every rank finishes the same update, saves a
-        snapshot of it and raises Stopped (R-SIG-1). A trainer built by `build_trainer`
-        (the CLI, or a program) first gets its run directory, as train-sl gives it.
+        snapshot of it and raises Stopped (R-SIG-1); a validation due or running then is
+        skipped or cut short, and runs first when the run goes on (R-EVAL-4). A trainer
+        built by `build_trainer` (the CLI, or a program) first gets its run directory.
         """
         if self.run is None and self.run_opener is not None:
             opener, self.run_opener = self.run_opener, None
