@@ -4,34 +4,25 @@ framework's `evaluation:` section (R-EVAL-1)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    Strict,
     model_validator,
 )
 
 from embodichain.learning.sl import Section
 from embodichain_models.policies.aloha.tasks import TASKS
+from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
 PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
                    "--episodes 50 DIR")
-
-
-def _dataset_root(path: Path) -> Path:
-    if not (path / "meta" / "info.json").is_file():
-        what = "not found" if not path.exists() else "has no meta/info.json"
-        raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
-                         f"`{PREPARE_COMMAND}`)")
-    return path
+DatasetRoot = dataset_root(PREPARE_COMMAND)
 
 
 def _task(name: str) -> str:
@@ -67,21 +58,16 @@ class ModelSection(Section):
         return self
 
 
-class DataSection(Section):
-    root: Annotated[Path, Strict(False), AfterValidator(_dataset_root)]
+class DataSection(DemonstrationData):
+    root: DatasetRoot
     """The LeRobot v3.0 dataset written by the prepare command."""
     task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
     chunk: PositiveInt = 50
-    """Actions predicted per step: this one and the next chunk-1 (ACT: 100)."""
+    """Actions predicted per step (ACT: 100)."""
     cameras: list[str] = Field(default_factory=list)
     """Cameras the policy sees (`observation.images.<camera>` of the dataset); none: state
     only (joint positions and object poses)."""
-    val_episodes: NonNegativeInt = 0
-    """The last N episodes are held out: their action error is validated
-    (`validation/action_l1`); 0 trains on every episode, as ACT."""
-    identity: Literal["content", "metadata"] = "content"
-    """What the data's identity digests (see docs/lerobot.md)."""
 
 
 class ExecutionSection(Section):
