@@ -103,6 +103,24 @@ def _assert_within_bound(reference: Path, continued: Path) -> None:
                     name
 
 
+def _continues_as_uninterrupted(runs: dict[str, Path], cwds: list[Path], procs: list[int],
+                                *args: str, from_to: tuple[int, int]) -> Path:
+    """Run ARGS on the nodes (`procs` ranks each): the examples drawn after update 20 are
+    the uninterrupted run's, the weights at update 40 within BOUND of its, and run.json
+    records the world size's change `from_to` at update 20. The run directory on node 0."""
+    records = cwds[0].parent / "records"
+    records.mkdir()
+    for proc in _nodes(cwds, procs, *args, records=records):
+        assert_ok(proc)
+    assert _records(records) == _records(runs["records"], after=20)
+    run = cwds[0] / RUN
+    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
+    identity = json.loads((run / "run.json").read_text())
+    assert identity["world_size_changes"] == [{"from": from_to[0], "to": from_to[1],
+                                               "at_update": 20}]
+    return run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The run never interrupted (one process, to update 40, step_20.pt kept) and the run
@@ -161,16 +179,8 @@ def test_one_node_onto_two_with_node_b_empty_continues(runs: dict[str, Path],
     run."""
     cwds = _cwds(tmp_path)
     shutil.copytree(runs["reference"], cwds[0] / "reference")
-    records = tmp_path / "records"
-    records.mkdir()
-    for proc in _nodes(cwds, [1, 1], "train-sl", "--config", "r.yaml", "--resume",
-                       "reference/step_20.pt", records=records):
-        assert_ok(proc)
-    assert _records(records) == _records(runs["records"], after=20)
-    run = cwds[0] / RUN
-    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
-    identity = json.loads((run / "run.json").read_text())
-    assert identity["world_size_changes"] == [{"from": 1, "to": 2, "at_update": 20}]
+    _continues_as_uninterrupted(runs, cwds, [1, 1], "train-sl", "--config", "r.yaml",
+                                "--resume", "reference/step_20.pt", from_to=(1, 2))
 
 
 def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, Path],
@@ -180,16 +190,8 @@ def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, 
     shard 1 and refused it as missing, though node B holds it; the re-cut then reads it on
     node B and sends rows to node A's ranks."""
     cwds = _at_update_20(runs, tmp_path / "nodes")
-    records = tmp_path / "records"
-    records.mkdir()
-    for proc in _nodes(cwds, [2, 2], "resume", RUN, "--set", "trainer.max_updates=40",
-                       records=records):
-        assert_ok(proc)
-    assert _records(records) == _records(runs["records"], after=20)
-    run = cwds[0] / RUN
-    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
-    identity = json.loads((run / "run.json").read_text())
-    assert identity["world_size_changes"] == [{"from": 2, "to": 4, "at_update": 20}]
+    run = _continues_as_uninterrupted(runs, cwds, [2, 2], "resume", RUN, "--set",
+                                      "trainer.max_updates=40", from_to=(2, 4))
     assert read_checkpoint(run / "last.pt")["manifest"]["world_size"] == 4
 
 
