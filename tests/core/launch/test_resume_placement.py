@@ -170,6 +170,30 @@ def test_two_nodes_onto_one_without_the_other_nodes_files_is_refused_by_name(
     assert "not reachable from any node of this world" in proc.stderr
 
 
+def test_a_newest_snapshot_with_a_shard_on_no_node_gives_way_to_a_complete_one(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    """2 nodes → node 0 alone, holding node 1's shard of update 20 but not of update 40.
+    Catches the start-up check dropping an unreachable shard's problem (`_parts_elsewhere`
+    without its `unreachable(...)`): the newest snapshot then passed as complete, so the run
+    was called done at update 40 and nothing trained (where its only refusal was the
+    restore's, which told it from the start-up's by message text alone). The snapshot of
+    update 20, complete on this node, must be taken instead, and the run continue from it as
+    the uninterrupted run did."""
+    nodes = shutil.copytree(runs["two_nodes"], tmp_path / "nodes")
+    run = nodes / "node0" / RUN
+    for shard in (nodes / "node1" / RUN / "shards").glob("step_20.*"):
+        shutil.copy2(shard, run / "shards" / shard.name)
+    shutil.rmtree(nodes / "node1")
+    records = tmp_path / "records"
+    records.mkdir()
+    assert_ok(run_cli("resume", RUN, "--no-progress", cwd=nodes / "node0",
+                      env=data_env(RECORD_DIR=str(records))))
+    assert _records(records) == _records(runs["records"], after=20)
+    identity = json.loads((run / "run.json").read_text())
+    assert identity["world_size_changes"] == [{"from": 2, "to": 1, "at_update": 20}]
+    _assert_within_bound(runs["reference"] / "last.pt", run / "last.pt")
+
+
 def test_one_node_onto_two_with_node_b_empty_continues(runs: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """1 node of 1 rank → 2 nodes of 1 rank each, node B holding nothing (the checkpoint
