@@ -107,7 +107,7 @@ class AlohaEnv(gym.Env):
 
     def step(self, action: np.ndarray
              ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        action = np.asarray(action).reshape(-1)  # its dtype kept, as gym-aloha's step does
         if action.shape != (len(JOINT_NAMES),) or not np.isfinite(action).all():
             raise ValueError(f"an ALOHA action is {len(JOINT_NAMES)} finite joint targets, "
                              f"got {action.shape} {action}")
