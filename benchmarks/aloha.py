@@ -3,6 +3,7 @@
     python benchmarks/aloha.py data [--episodes 10]      # demonstration time per episode
     python benchmarks/aloha.py eval RUN_DIR [--episodes 20] [--nproc 2]   # evaluation episodes/s
     python benchmarks/aloha.py curve RUN_DIR              # success rate against updates, time
+    python benchmarks/aloha.py camera [--data DIR] [--run RUN_DIR]   # the camera's costs
 
 `data`: the scripted expert plus its joint-space replay per task (CPU and wall seconds per
 episode, one process), and the cost of one camera frame. `eval`: closed-loop episodes per
@@ -10,7 +11,11 @@ second of `embodichain eval RUN_DIR` (the recipe's evaluation: its scenes per pr
 batched forward per step, temporal ensembling); beside it, the cost of a step of gym-aloha's
 own environment, which renders three 480x640 cameras every step, and of ours. `curve`: the run's
 `validation/success_rate` at each evaluation with the update, the training wall time to it
-(evaluation time excluded and included) and the run's CPU model. Needs
+(evaluation time excluded and included) and the run's CPU model. `camera`: a step of our
+top-camera environment (`obs_type: pixels_agent_pos`, the top camera rendered as gym-aloha
+renders it) against gym-aloha's own and the state-only one, the camera policy's batched
+forward from ten 480x640 frames (averaging down included), the decode of a camera dataset's
+frames per example (`--data`), and a run's `time/data_wait` share (`--run`). Needs
 `pip install 'embodichain-models[sim]'`; run with OMP_NUM_THREADS=1.
 """
 
@@ -105,6 +110,72 @@ def step_costs() -> None:
               f"{(time.perf_counter() - wall) / steps * 1000:.1f} ms")
 
 
+def camera(data: Path | None, run: Path | None) -> None:
+    """The camera pipeline's costs: rendering, the policy's forward, decode, data wait."""
+    import embodichain_models.envs  # noqa: F401 - registers the ids
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from embodichain_models.policies.aloha.scene import gl_backend
+
+    gl_backend()
+    from gym_aloha.env import AlohaEnv
+
+    top = gym.make("embodichain_models/AlohaTransferCube-v0",
+                   obs_type="pixels_agent_pos").unwrapped
+    state = gym.make("embodichain_models/AlohaTransferCube-v0").unwrapped
+    theirs = AlohaEnv("transfer_cube", obs_type="pixels_agent_pos")
+    for env in (top, state, theirs):
+        env.reset(seed=100_000)
+    action = state.scene.qpos.astype(np.float32)
+    for name, env, steps in (("gym-aloha's (top, angle, front_close at 480x640)", theirs, 5),
+                             ("our top-camera (top at 480x640)", top, 20),
+                             ("our state-only", state, 200)):
+        wall, cpu = _clock()
+        for _ in range(steps):
+            env.step(action)
+        w, c = _clock()
+        print(f"a step of {name} environment: {(w - wall) / steps * 1000:.1f} ms wall, "
+              f"{(c - cpu) / steps * 1000:.1f} ms CPU")
+    from embodichain_models.policies.aloha.model import ActPolicy, ActShape
+
+    stats = {k: {"mean": torch.zeros(14), "std": torch.ones(14)}
+             for k in ("observation.state", "action")}
+    model = ActPolicy(ActShape(14, 0, 14, 50, cameras=("top",),
+                               image_sizes=((120, 160),)), stats).eval()
+    frames = torch.randint(0, 256, (10, 480, 640, 3), dtype=torch.uint8)
+    obs = {"observation.state": torch.zeros(10, 14), "observation.images.top": frames}
+    model.act_chunk(obs)
+    wall = time.perf_counter()
+    for _ in range(5):
+        model.act_chunk(obs)
+    print(f"camera policy (recipe's size, 120x160 backbone) forward for 10 scenes from "
+          f"480x640 frames: {(time.perf_counter() - wall) / 5 * 1000:.0f} ms "
+          f"({torch.get_num_threads()} threads)")
+    if data is not None:
+        from embodichain_models.data.lerobot.dataset import LeRobotFrames
+
+        frames_ds = LeRobotFrames(data, features=["observation.images.top"])
+        rng = np.random.default_rng(0)
+        picks = rng.integers(0, len(frames_ds), 200)
+        frames_ds[int(picks[0])]
+        wall, cpu = _clock()
+        for i in picks:
+            image = frames_ds[int(i)]["observation.images.top"]
+        w, c = _clock()
+        print(f"decode of {data} ({list(image.shape)} frames), random examples in one "
+              f"process: {(w - wall) / len(picks) * 1000:.2f} ms wall, "
+              f"{(c - cpu) / len(picks) * 1000:.2f} ms CPU per example")
+    if run is not None:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        waits = [r["time/data_wait"] for r in records if "time/data_wait" in r]
+        worst = [r["time/data_wait_max"] for r in records if "time/data_wait_max" in r]
+        if waits:
+            print(f"{run}: time/data_wait (rank 0's share of the wall time) mean "
+                  f"{np.mean(waits):.3f}, max {np.max(waits):.3f}; slowest rank's mean "
+                  f"{np.mean(worst):.3f} over {len(waits)} log records")
+
+
 def curve(run: Path) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     meta = json.loads((run / "run.json").read_text())
@@ -137,11 +208,16 @@ def main() -> None:
     e.add_argument("--nproc", type=int, default=1)
     c = sub.add_parser("curve")
     c.add_argument("run", type=Path)
+    m = sub.add_parser("camera")
+    m.add_argument("--data", type=Path, help="a dataset recorded with --cameras top")
+    m.add_argument("--run", type=Path, help="a camera run's directory (its data wait)")
     args = parser.parse_args()
     if args.what == "data":
         data(args.episodes)
     elif args.what == "eval":
         evaluation(args.run, args.episodes, args.nproc)
+    elif args.what == "camera":
+        camera(args.data, args.run)
     else:
         curve(args.run)
 
