@@ -168,3 +168,29 @@ def test_the_exported_camera_policy_takes_the_camera_frame_as_it_comes(
     model = trained_model(camera_run / "last.pt").model
     want = model.act_chunk({k: torch.from_numpy(v) for k, v in obs.items()}).numpy()
     assert np.allclose(runner.predict(obs), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_policy_judged_on_other_observations_than_it_reads_is_refused() -> None:
+    """Catches a camera policy evaluated in the state environment (it would fail every
+    episode on a missing key, or read object poses) and a state policy in a camera one:
+    both refused naming obs_type; gym-aloha's own id is accepted for the camera policy."""
+    from types import SimpleNamespace
+
+    from embodichain_models.policies.aloha.data import check_evaluation
+    from embodichain_models.policies.aloha.tasks import TASKS
+
+    from embodichain.learning.sl import UsageError
+
+    def config(cameras: list[str], env_id: str, **kwargs: object) -> SimpleNamespace:
+        env = SimpleNamespace(id=env_id, kwargs=kwargs)
+        return SimpleNamespace(data=SimpleNamespace(cameras=cameras),
+                               evaluation=SimpleNamespace(env=env, videos=0))
+
+    task = TASKS["transfer_cube"]
+    for bad in (config(["top"], task.gym_id, task="transfer_cube"),
+                config(["top"], task.gym_aloha_id),
+                config([], task.gym_id, obs_type="pixels_agent_pos")):
+        with pytest.raises(UsageError, match="obs_type"):
+            check_evaluation(bad, task)
+    check_evaluation(config(["top"], task.gym_aloha_id, obs_type="pixels_agent_pos"), task)
+    check_evaluation(config([], task.gym_id, task="transfer_cube"), task)
