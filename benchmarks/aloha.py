@@ -4,6 +4,7 @@
     python benchmarks/aloha.py eval RUN_DIR [--episodes 20] [--nproc 2]   # evaluation episodes/s
     python benchmarks/aloha.py curve RUN_DIR              # success rate against updates, time
     python benchmarks/aloha.py camera [--data DIR] [--run RUN_DIR]   # the camera's costs
+    python benchmarks/aloha.py gym-aloha RUN_DIR [--episodes 4]  # ours vs gym-aloha's own env
 
 `data`: the scripted expert plus its joint-space replay per task (CPU and wall seconds per
 episode, one process), and the cost of one camera frame. `eval`: closed-loop episodes per
@@ -15,7 +16,11 @@ own environment, which renders three 480x640 cameras every step, and of ours. `c
 top-camera environment (`obs_type: pixels_agent_pos`, the top camera rendered as gym-aloha
 renders it) against gym-aloha's own and the state-only one, the camera policy's batched
 forward from ten 480x640 frames (averaging down included), the decode of a camera dataset's
-frames per example (`--data`), and a run's `time/data_wait` share (`--run`). Needs
+frames per example (`--data`), and a run's `time/data_wait` share (`--run`). `gym-aloha`:
+the run's newest snapshot judged by its recipe's evaluation section twice, unchanged but
+for the environment: in ours and in gym-aloha's own registered one
+(`gym_aloha/Aloha*-v0`, `obs_type: pixels_agent_pos`, the section's step limit), episode
+by episode (success, return and length must agree). Needs
 `pip install 'embodichain-models[sim]'`; run with OMP_NUM_THREADS=1.
 """
 
@@ -176,6 +181,42 @@ def camera(data: Path | None, run: Path | None) -> None:
                   f"{np.mean(worst):.3f} over {len(waits)} log records")
 
 
+def gym_aloha(run: Path, episodes: int) -> None:
+    """The run's camera policy in our top-camera environment and in gym-aloha's own."""
+    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+    from embodichain_models.policies.aloha.tasks import TASKS
+
+    from embodichain.core.deploy.trained import trained_model
+    from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
+    from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+
+    checkpoint = run / "last.pt"
+    trained = trained_model(checkpoint)
+    section = dict(trained.run["config"]["evaluation"])
+    task = TASKS[trained.run["config"]["data"]["task"]]
+    ours = EvaluationConfig.model_validate(section)
+    env = {**section["env"], "id": task.gym_aloha_id, "import": "gym_aloha",
+           "kwargs": {"obs_type": "pixels_agent_pos",
+                      "max_episode_steps": section.get("max_steps", 400)}}
+    theirs = EvaluationConfig.model_validate({**section, "env": env})
+    make_policy = policy_factory(trained.model.shape.execution)
+    results = {}
+    for name, config in (("ours", ours), ("gym-aloha's", theirs)):
+        wall = time.perf_counter()
+        result = ClosedLoopEvaluation(config, make_policy).run(
+            trained.model, "cpu", lockstep=False,
+            overrides=Overrides(episodes=episodes, videos=0))
+        records = [{k: r[k] for k in ("seed", "success", "return", "length")}
+                   for r in result.records]
+        results[name] = records
+        print(f"{name} environment ({config.env.id}): {episodes} episodes in "
+              f"{time.perf_counter() - wall:.0f} s: {records}")
+    same = results["ours"] == results["gym-aloha's"]
+    print(f"per-episode outcomes {'EQUAL' if same else 'DIFFER'} (update {trained.step})")
+    if not same:
+        raise SystemExit(1)
+
+
 def curve(run: Path) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     meta = json.loads((run / "run.json").read_text())
@@ -208,6 +249,9 @@ def main() -> None:
     e.add_argument("--nproc", type=int, default=1)
     c = sub.add_parser("curve")
     c.add_argument("run", type=Path)
+    g = sub.add_parser("gym-aloha")
+    g.add_argument("run", type=Path, help="a camera run's directory (its last.pt acts)")
+    g.add_argument("--episodes", type=int, default=4)
     m = sub.add_parser("camera")
     m.add_argument("--data", type=Path, help="a dataset recorded with --cameras top")
     m.add_argument("--run", type=Path, help="a camera run's directory (its data wait)")
@@ -218,6 +262,8 @@ def main() -> None:
         evaluation(args.run, args.episodes, args.nproc)
     elif args.what == "camera":
         camera(args.data, args.run)
+    elif args.what == "gym-aloha":
+        gym_aloha(args.run, args.episodes)
     else:
         curve(args.run)
 
