@@ -57,6 +57,7 @@ class AlohaEnv(gym.Env):
         self.task = task_named(task)
         self.scene = Scene(self.task)
         self.obs_type = obs_type
+        self._top = np.zeros((*CAMERA_FRAME, 3), np.uint8)
         if obs_type == "pixels_agent_pos":
             cameras, image_size = ["top"], CAMERA_FRAME
         self.cameras, self.image_size = list(cameras), tuple(int(s) for s in image_size)
@@ -87,8 +88,8 @@ class AlohaEnv(gym.Env):
 
     def _observation(self) -> dict[str, Any]:
         if self.obs_type == "pixels_agent_pos":
-            return {"pixels": {"top": self.scene.render("top", *CAMERA_FRAME)},
-                    "agent_pos": self.scene.qpos.copy()}
+            self._top = self.scene.render("top", *CAMERA_FRAME)
+            return {"pixels": {"top": self._top}, "agent_pos": self.scene.qpos.copy()}
         obs = {"observation.state": self.scene.qpos.astype(np.float32),
                "observation.environment_state": self.scene.env_state.astype(np.float32)}
         for camera in self.cameras:
@@ -118,6 +119,9 @@ class AlohaEnv(gym.Env):
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:
             return None
+        if (self.obs_type == "pixels_agent_pos" and self.render_camera == "top"
+                and self.render_size == CAMERA_FRAME):
+            return self._top.copy()  # the observation's frame: not rendered twice
         return self.scene.render(self.render_camera, *self.render_size)
 
 
