@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _clock() -> tuple[float, float]:
@@ -199,22 +200,50 @@ def gym_aloha(run: Path, episodes: int) -> None:
            "kwargs": {"obs_type": "pixels_agent_pos",
                       "max_episode_steps": section.get("max_steps", 400)}}
     theirs = EvaluationConfig.model_validate({**section, "env": env})
-    make_policy = policy_factory(trained.model.shape.execution)
     results = {}
     for name, config in (("ours", ours), ("gym-aloha's", theirs)):
+        traced: list[Any] = []
+
+        def make_policy(model: Any, device: Any, traced: list = traced) -> Any:
+            traced.append(_Traced(policy_factory(trained.model.shape.execution)(model, device)))
+            return traced[-1]
+
         wall = time.perf_counter()
         result = ClosedLoopEvaluation(config, make_policy).run(
             trained.model, "cpu", lockstep=False,
             overrides=Overrides(episodes=episodes, videos=0))
         records = [{k: r[k] for k in ("seed", "success", "return", "length")}
                    for r in result.records]
-        results[name] = records
+        results[name] = (records, traced[-1].digest.hexdigest())
         print(f"{name} environment ({config.env.id}): {episodes} episodes in "
-              f"{time.perf_counter() - wall:.0f} s: {records}")
+              f"{time.perf_counter() - wall:.0f} s: {records}; joints and actions of every "
+              f"step: sha256 {results[name][1][:16]}")
     same = results["ours"] == results["gym-aloha's"]
-    print(f"per-episode outcomes {'EQUAL' if same else 'DIFFER'} (update {trained.step})")
+    print(f"per-episode outcomes and every step's joints and actions "
+          f"{'EQUAL' if same else 'DIFFER'} (update {trained.step})")
     if not same:
         raise SystemExit(1)
+
+
+class _Traced:
+    """A closed-loop policy that digests the joint positions it sees and its actions."""
+
+    def __init__(self, policy: Any) -> None:
+        import hashlib
+
+        self.policy, self.digest = policy, hashlib.sha256()
+
+    def reset(self, env_index: int) -> None:
+        self.policy.reset(env_index)
+
+    def act(self, observations: Any) -> Any:
+        import numpy as np
+        from embodichain_models.policies.aloha.execution import observed
+
+        joints = np.asarray(observed(observations, "observation.state"), np.float64)
+        actions = self.policy.act(observations)
+        self.digest.update(joints.tobytes() + np.asarray(actions).tobytes())
+        return actions
 
 
 def curve(run: Path) -> None:
