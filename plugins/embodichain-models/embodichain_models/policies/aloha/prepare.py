@@ -2,17 +2,20 @@
 
     python -m embodichain_models.policies.aloha.prepare --task transfer_cube --episodes 50 OUT
     python -m embodichain_models.policies.aloha.prepare --task insertion --episodes 50 \\
-        --cameras top --size 240x320 OUT
+        --cameras top --size 120x160 OUT
 
 (needs `pip install 'embodichain-models[sim]'`). The bimanual expert of ACT runs in the
 end-effector scene and its joint trajectory is replayed in the joint-space scene (see
 `record.py`); each kept episode has 400 steps at 50 fps of `observation.state` (14 joint
 positions), `observation.environment_state` (the objects' poses), `action` (14 joint
 targets) and the task's text, and with `--cameras` each camera as an mp4 video
-(`observation.images.<camera>`, rendered only for these, about 0.1 s a frame on software
-OpenGL). Seeds are tried from `--seed` up until `--episodes` demonstrations succeed (the
-expert's failures are dropped and counted); they must stay below 100000, where evaluation
-seeds begin, so no demonstration is an evaluation episode.
+(`observation.images.<camera>`, as lerobot's `aloha_sim_*` datasets hold
+`observation.images.top`): rendered as gym-aloha renders its cameras (480x640, the scene's
+shadows and reflections: about 0.1 s a frame on software OpenGL) and averaged down to
+`--size` (a whole fraction: 480x640, 240x320, 120x160, ...), as the camera policy averages
+the camera's frames when it acts. Seeds are tried from `--seed` up until `--episodes`
+demonstrations succeed (the expert's failures are dropped and counted); they must stay
+below 100000, where evaluation seeds begin, so no demonstration is an evaluation episode.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from embodichain.learning.sl import UsageError
 from embodichain_models.policies.aloha.tasks import (
+    CAMERA_FRAME,
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
@@ -59,6 +63,10 @@ def parse_size(text: str) -> tuple[int, int]:
                                          "480x640") from None
     if height < 8 or width < 8:
         raise argparse.ArgumentTypeError(f"--size {text!r}: at least 8x8 pixels")
+    if CAMERA_FRAME[0] % height or CAMERA_FRAME[1] % width:
+        raise argparse.ArgumentTypeError(
+            f"--size {text!r}: a whole fraction of the cameras' {CAMERA_FRAME[0]}x"
+            f"{CAMERA_FRAME[1]} frames (e.g. 480x640, 240x320, 120x160)")
     return height, width
 
 
@@ -118,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="cameras recorded as video (e.g. top; the scene's: top, angle, "
                              "left_pillar, right_pillar, front_close, left_wrist, right_wrist)")
     parser.add_argument("--size", type=parse_size, default=(480, 640), metavar="HxW",
-                        help="camera frame size, default 480x640")
+                        help="stored frame size: gym-aloha's 480x640 frames averaged down "
+                             "(a whole fraction), default 480x640")
     parser.add_argument("--max-attempts", type=int, default=None,
                         help="seeds tried at most (default 2 x episodes + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")

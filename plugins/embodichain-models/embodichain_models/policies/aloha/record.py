@@ -20,7 +20,12 @@ import numpy as np
 
 from embodichain_models.policies.aloha.expert import EXPERTS
 from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.tasks import EPISODE_STEPS, MAX_REWARD, AlohaTask
+from embodichain_models.policies.aloha.tasks import (
+    CAMERA_FRAME,
+    EPISODE_STEPS,
+    MAX_REWARD,
+    AlohaTask,
+)
 
 
 @dataclass
@@ -110,7 +115,8 @@ class Recorder:
         return np.stack(frames)
 
     def render(self, camera: str, size: tuple[int, int]) -> np.ndarray:
-        return self.scene.render(camera, *size)
+        """The camera's frame as gym-aloha renders it (480x640), averaged down to `size`."""
+        return downsample(self.scene.render(camera, *CAMERA_FRAME), size)
 
     def successes(self, count: int, first_seed: int, max_attempts: int,
                   log: Callable | None = None) -> tuple[list[Demonstration], int, float]:
@@ -125,6 +131,20 @@ class Recorder:
             if log is not None:
                 log(demo, len(kept), attempts)
         return kept, attempts, (time.perf_counter() - start) / max(attempts, 1)
+
+
+def downsample(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 `[H, W, 3]` averaged over blocks of H/h x W/w pixels (both whole) to `size`,
+    rounded: what the policy's `frames_in` computes of the same frame, to the uint8 step."""
+    height, width = frame.shape[:2]
+    fy, fx = height // size[0], width // size[1]
+    if fy * size[0] != height or fx * size[1] != width:
+        raise ValueError(f"{height}x{width} frames cannot be averaged to "
+                         f"{size[0]}x{size[1]}: a whole fraction is needed")
+    if (fy, fx) == (1, 1):
+        return frame
+    blocks = frame.reshape(size[0], fy, size[1], fx, 3).astype(np.float32)
+    return np.rint(blocks.mean((1, 3))).astype(np.uint8)
 
 
 class LazyEpisodes(Sequence):

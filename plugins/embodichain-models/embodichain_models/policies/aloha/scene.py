@@ -159,7 +159,13 @@ class Scene:
         self.observation = dict(self._env.reset().observation)
 
     def step(self, action: np.ndarray) -> float:
-        timestep = self._env.step(np.asarray(action, dtype=np.float64))
+        """One control step; the action keeps its float dtype, as gym-aloha's step passes
+        it: the task un-normalises the grippers in that dtype (float32 and float64 targets
+        give different trajectories)."""
+        action = np.asarray(action)
+        if action.dtype.kind != "f":
+            action = action.astype(np.float64)
+        timestep = self._env.step(action)
         self.observation = dict(timestep.observation)
         return float(timestep.reward)
 

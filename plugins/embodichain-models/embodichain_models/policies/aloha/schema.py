@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     model_validator,
@@ -48,7 +49,12 @@ class ModelSection(Section):
     latent_dim: PositiveInt = 32
     kl_weight: float = Field(default=10.0, ge=0)
     channels: PositiveInt = 32
-    """Channels of the camera encoder's first convolution (only with data.cameras)."""
+    """Width of the camera backbone (a ResNet-18 layout with GroupNorm, from scratch): its
+    stages have 1, 2, 4, 8 times it (ResNet-18: 64). Only with data.cameras."""
+    image_shift: NonNegativeInt = 0
+    """Random shift augmentation of the camera images in training (DrQ's, Diffusion
+    Policy's random crop): up to this many pixels each way at the backbone's resolution,
+    edges replicated; none when acting."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSection:
@@ -66,8 +72,11 @@ class DataSection(DemonstrationData):
     chunk: PositiveInt = 50
     """Actions predicted per step (ACT: 100)."""
     cameras: list[str] = Field(default_factory=list)
-    """Cameras the policy sees (`observation.images.<camera>` of the dataset); none: state
-    only (joint positions and object poses)."""
+    """Cameras the policy sees (`observation.images.<camera>` of the dataset): the policy
+    then reads the joint positions and these cameras only, as gym-aloha's
+    `pixels_agent_pos` (never the objects' poses); none: privileged state (joint positions
+    and object poses). The backbone sees the dataset's frame size; the policy takes the
+    camera's 480x640 frames and averages them down to it."""
 
 
 class ExecutionSection(Section):
