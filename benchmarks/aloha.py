@@ -45,7 +45,8 @@ def data(episodes: int) -> None:
               f"the joint-space scene), {(w - wall) / episodes:.2f} s wall, "
               f"{(c - cpu) / episodes:.2f} s CPU per episode; expert: top reward reached "
               f"{sum(d.success for d in demos)}/{episodes}, task done at step "
-              f"{len(demos[0].rewards)} {sum(d.finished for d in demos)}/{episodes}")
+              f"{len(demos[0].rewards)} {sum(d.finished for d in demos)}/{episodes} (top "
+              f"reward at that step {sum(d.rewards[-1] >= 4 for d in demos)}/{episodes})")
     try:
         recorder.scene.check_camera("top")
     except Exception as exc:  # noqa: BLE001
