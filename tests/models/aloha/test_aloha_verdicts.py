@@ -24,12 +24,11 @@ HELD = 0.1  # a cube above this height (m) is off the table (it rests at 0.02)
 
 
 def _act_handover(left, right, objects):
-    """ACT's own transfer-cube plan: the left closes where the cube would be, planned before
-    the episode (no wait, no aim): in the joint-space scene it touches the cube once (the
-    first top reward) and the cube falls."""
+    """ACT's own transfer-cube plan, the left arm not waiting for the cube: in the
+    joint-space scene its finger touches the cube once (the first top reward) and the cube
+    falls."""
     plan = experts.transfer_cube(left, right, objects)
     plan.left = [w for w in plan.left if w.t != experts.HANDOVER_STEP]
-    plan.aim_step = None
     return plan
 
 

@@ -6,20 +6,21 @@ interpolated between waypoints (quaternions component-wise, as the original does
 The waypoints are those of ACT's `scripted_policy.py` (transfer-cube: the right arm picks
 the cube and meets the left, which takes it; insertion: the right arm picks the peg, the
 left the socket, and they meet in the middle), with one change to the hand-over (R-ALOHA-2):
-ACT's left arm closes on the point where the cube would be, planned before the episode; in
-the joint-space scene, whose demonstrations are recorded, the right gripper holds the cube
-2-3 cm higher than in the end-effector scene (there the cube slides down the loosening
-grip into the left's fingers), so the left's upper finger bumps it (the first reward 4),
-pushes it away, and the fingers close beside it: the cube falls when the right lets go.
-Here the left waits at its approach point until the right holds the cube at the meeting
-point (step 220), then goes to the cube where it is (`aim`, from the recorded scene's
-object poses) and takes it; ACT's timing is otherwise kept."""
+ACT's left arm sets off for the meeting point at step 100 and reaches it at 260, while the
+right arm brings the cube there by 220. In the joint-space scene, whose demonstrations are
+recorded, the right gripper holds the cube 2-3 cm higher than in the end-effector scene
+(there it slides down the loosening grip), so the arriving left's finger bumps the cube
+while it is still moving (the first reward 4, steps 205-212) and pushes it aside; the
+fingers then close beside it and the cube falls when the right lets go: 0 of 50 replays
+ended with the cube held. Here the left waits at its approach point until the right holds
+the cube at the meeting point (`HANDOVER_STEP`), then reaches it by 260 as ACT's does:
+50 of 50 hold it at the end. ACT's timing is otherwise kept."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -62,30 +63,13 @@ def _at(path: list[Waypoint], t: float) -> np.ndarray:
 
 class WaypointExpert:
     """`expert(t)`: the end-effector action of step t (left arm's 8 values, then the
-    right's), along the two arms' waypoints. `aim_step`/`aim`: at that step the recorder
-    calls `aim(expert, t, objects)` with the objects' poses in the scene being recorded,
-    which may re-plan the waypoints after t."""
+    right's), open loop along the two arms' waypoints."""
 
-    def __init__(self, left: list[Waypoint], right: list[Waypoint], aim_step: int | None = None,
-                 aim: Callable[[WaypointExpert, int, np.ndarray], None] | None = None) -> None:
+    def __init__(self, left: list[Waypoint], right: list[Waypoint]) -> None:
         self.left, self.right = left, right
-        self.aim_step, self._aim = aim_step, aim
 
     def __call__(self, t: int) -> np.ndarray:
         return np.concatenate([_at(self.left, t), _at(self.right, t)])
-
-    def observe(self, t: int, objects: np.ndarray) -> None:
-        """The objects' poses at step t, before `self(t)` is asked for."""
-        if self._aim is not None and t == self.aim_step:
-            self._aim(self, t, objects)
-
-
-def _shift_after(path: list[Waypoint], t: int, delta: np.ndarray) -> list[Waypoint]:
-    """`path` moved by `delta` after step t, through a waypoint at t where it is now (no
-    jump)."""
-    now = _at(path, t)
-    return ([w for w in path if w.t < t] + [_wp(t, now[:3], now[3:7], float(now[7]))]
-            + [replace(w, xyz=w.xyz + delta) for w in path if w.t > t])
 
 
 def _wp(t: int, xyz: np.ndarray, quat: np.ndarray, gripper: float) -> Waypoint:
@@ -94,35 +78,25 @@ def _wp(t: int, xyz: np.ndarray, quat: np.ndarray, gripper: float) -> Waypoint:
 
 
 HANDOVER_STEP = 220
-"""The right arm holds the cube at the meeting point from this step on."""
-LEFT_FROM_CUBE = np.array([0.008, 0.0, -0.005])
-"""Where the left gripper's mocap takes the cube, from the cube's centre as the right arm
-holds it at the meeting point: ACT's plan in the end-effector scene (the left reaches
-meet + (0.02, 0, -0.02) for a cube held at meet + (0.012, 0, -0.015) there)."""
-REACH_STEP = 260
-"""The left reaches the cube (and closes on it by 310)."""
-
-
-def _left_to_the_cube(expert: WaypointExpert, t: int, objects: np.ndarray) -> None:
-    planned = next(w.xyz for w in expert.left if w.t == REACH_STEP)
-    expert.left = _shift_after(expert.left, t, objects[:3] + LEFT_FROM_CUBE - planned)
+"""The right arm holds the cube at the meeting point from this step on; the left waits
+for it at its approach point until then."""
 
 
 def transfer_cube(left: np.ndarray, right: np.ndarray, objects: np.ndarray) -> WaypointExpert:
     """Right arm: over the cube, down, close, to the meeting point, open, away. Left arm:
-    to its approach point, waits for the cube, to the cube, close on it, away. `left`/
-    `right`: the mocap poses (xyz, quaternion) at the start; `objects`: the cube's pose."""
+    to its approach point, waits there for the cube, to the meeting point, close on the
+    cube, away. `left`/`right`: the mocap poses (xyz, quaternion) at the start;
+    `objects`: the cube's pose."""
     cube = objects[:3]
     pick = multiply(right[3:], quaternion((0, 1, 0), -60))
     meet_quat = quaternion((1, 0, 0), 90)
     meet = np.array([0.0, 0.5, 0.25])
     level = np.array([1.0, 0, 0, 0])
     return WaypointExpert(
-        aim_step=HANDOVER_STEP, aim=_left_to_the_cube,
         left=[_wp(0, left[:3], left[3:], 0),
               _wp(100, meet + [-0.1, 0, -0.02], meet_quat, 1),   # approach the meeting point
               _wp(HANDOVER_STEP, meet + [-0.1, 0, -0.02], meet_quat, 1),  # wait there
-              _wp(REACH_STEP, meet + [0.02, 0, -0.02], meet_quat, 1),  # reach the cube (aimed)
+              _wp(260, meet + [0.02, 0, -0.02], meet_quat, 1),   # reach it
               _wp(310, meet + [0.02, 0, -0.02], meet_quat, 0),   # close on the cube
               _wp(360, meet + [-0.1, 0, -0.02], level, 0),       # pull it away
               _wp(400, meet + [-0.1, 0, -0.02], level, 0)],

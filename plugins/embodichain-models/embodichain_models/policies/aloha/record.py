@@ -1,15 +1,13 @@
-"""Record scripted demonstrations as ACT's data collection does, with the hand-over aimed.
+"""Record scripted demonstrations as ACT's data collection does.
 
 For each seed the expert runs in the end-effector (mocap) scene, and its joint positions,
 each gripper's replaced by the gripper command, are sent as joint targets to the
 joint-space scene from the same object poses: the target of step t is the end-effector
-scene's state after t steps, as ACT's `record_sim_episodes.py` replays `joint_traj`. The
-two scenes run in lockstep (rather than ACT's whole episode, then its replay) so that the
-expert can aim at the objects where the joint-space scene holds them (`expert.py`: the
-left arm takes the cube where the right holds it). What is recorded is the joint-space
-scene: at step t the observed joint positions and object poses (and camera frames), and
-the joint target sent (the action), so observations and actions are those a policy sees
-and sends in the scene the evaluation runs.
+scene's state after t steps, as ACT's `record_sim_episodes.py` replays `joint_traj` (the
+two scenes step side by side; the joint-space scene never acts back on the expert). What
+is recorded is the joint-space scene: at step t the observed joint positions and object
+poses (and camera frames), and the joint target sent (the action), so observations and
+actions are those a policy sees and sends in the scene the evaluation runs.
 
 Two verdicts per episode (R-ALOHA-2): `success`, the field's (the top reward reached at
 some step: ACT's and gym-aloha's), and `finished`, the task still done at the last step
@@ -85,7 +83,6 @@ class Recorder:
             states.append(scene.qpos.astype(np.float32))
             env_states.append(scene.env_state.astype(np.float32))
             targets.append(target)
-            expert.observe(t, scene.env_state)  # aims where the recorded scene holds them
             rewards.append(scene.step(target))
             if stop_at_success and rewards[-1] >= MAX_REWARD:
                 break
