@@ -50,11 +50,14 @@ def data(episodes: int) -> None:
     for name, task in TASKS.items():
         recorder = Recorder(task)
         wall, cpu = _clock()
-        successes = sum(recorder.demonstrate(seed).success for seed in range(episodes))
+        demos = [recorder.demonstrate(seed) for seed in range(episodes)]
         w, c = _clock()
-        print(f"{name}: {episodes} episodes (expert in the end-effector scene + replay), "
-              f"{(w - wall) / episodes:.2f} s wall, {(c - cpu) / episodes:.2f} s CPU per "
-              f"episode; expert success {successes}/{episodes}")
+        print(f"{name}: {episodes} episodes (expert in the end-effector scene, recorded in "
+              f"the joint-space scene), {(w - wall) / episodes:.2f} s wall, "
+              f"{(c - cpu) / episodes:.2f} s CPU per episode; expert: top reward reached "
+              f"{sum(d.success for d in demos)}/{episodes}, task done at step "
+              f"{len(demos[0].rewards)} {sum(d.finished for d in demos)}/{episodes} (top "
+              f"reward at that step {sum(d.rewards[-1] >= 4 for d in demos)}/{episodes})")
     try:
         recorder.scene.check_camera("top")
     except Exception as exc:  # noqa: BLE001

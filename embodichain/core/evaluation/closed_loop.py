@@ -18,6 +18,7 @@ from embodichain.core.evaluation.envs import EnvSpec, check_buildable
 from embodichain.core.evaluation.episodes import EpisodeRunner, Plan
 from embodichain.core.evaluation.policy import (
     ClosedLoopPolicy,
+    MakeJudge,
     MakePolicy,
     Success,
     default_success,
@@ -38,10 +39,12 @@ class Overrides:
 
 
 class ClosedLoopEvaluation:
-    """The recipe's `evaluation` section with the factory's policy and success predicate."""
+    """The recipe's `evaluation` section with the factory's policy, success predicate and
+    episode judge."""
 
     def __init__(self, config: EvaluationConfig, make_policy: MakePolicy | None,
-                 success: Success | None = None, factory: str = "the factory") -> None:
+                 success: Success | None = None, factory: str = "the factory",
+                 judge: MakeJudge | None = None) -> None:
         if make_policy is None:
             raise UsageError(
                 f"the recipe has an evaluation section, but {factory} gives the trainer no "
@@ -52,6 +55,7 @@ class ClosedLoopEvaluation:
         self.config = config
         self.make_policy = make_policy
         self.success = success or default_success
+        self.judge = judge
         if config.videos:
             av_module()  # refused before training when PyAV is missing
         self.facts = check_buildable(EnvSpec.of(config.env, render=False))
@@ -83,7 +87,7 @@ class ClosedLoopEvaluation:
             runner = EpisodeRunner(slots, policy, plan,
                                    (self.facts.observation_space, self.facts.action_space),
                                    self.success, _any_rank_running if step_together else None,
-                                   show)
+                                   show, self.judge)
             outcomes = runner.run()
         finally:
             for slot in slots:

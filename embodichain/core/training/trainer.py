@@ -20,7 +20,7 @@ from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
 from embodichain.core.errors import DataFailure, TrainingError
-from embodichain.core.evaluation.policy import MakePolicy, Success
+from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker, MetricMissing, choose_best
@@ -61,7 +61,8 @@ class SupervisedTrainer:
     `policy` (with the recipe's `evaluation` section): `make_policy(model, device) ->
     ClosedLoopPolicy`, judged in closed loop at every validation, on every rank;
     `success(info, reward, terminated) -> bool` judges an episode (default
-    `info["is_success"]`; R-EVAL-1, docs/evaluation.md).
+    `info["is_success"]`); `judge() -> EpisodeJudge` adds outcomes judged from every step
+    (R-EVAL-1, docs/evaluation.md).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class SupervisedTrainer:
         shard_blocks: Sequence[nn.Module] = (),
         policy: MakePolicy | None = None,
         success: Success | None = None,
+        judge: MakeJudge | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -89,7 +91,7 @@ class SupervisedTrainer:
         self.callbacks = list(callbacks)
         # R-EVAL-1: the recipe's evaluation section with the factory's policy; refused here
         # (exit 2, before training) without a policy, or when the environment cannot be built.
-        self.closed_loop = closed_loop_of(config, policy, success)
+        self.closed_loop = closed_loop_of(config, policy, success, judge)
         if best is None and evaluate is None and self.closed_loop is not None:
             best = SUCCESS_RATE  # a closed loop alone: its success rate, higher is better
         # R-MET-1: the recipe's trainer.best, else the factory's `best`, else validation/mse.

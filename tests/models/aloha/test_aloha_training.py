@@ -39,12 +39,15 @@ def reference(demonstrations: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.mark.slow  # torchrun workers and a simulator
 def test_two_ranks_train_and_judge_the_policy_closed_loop(reference: Path) -> None:
-    """Catches a recipe whose validation never runs the policy in the MuJoCo scene, a best
-    metric other than the success rate maximised, and a loss not masked by action_is_pad
+    """Catches a recipe whose validation never runs the policy in the MuJoCo scene, or
+    without the strict verdicts beside the field's, a best metric other than the success
+    rate maximised, and a loss not masked by action_is_pad
     (the recorded weight is the number of real steps of the global batch)."""
     records = comparable_records(reference)
     final = [r for r in records if "validation/success_rate" in r][-1]
     assert final["step"] == UPDATES and final["validation/episode_length"] > 0
+    assert {"validation/strict_success_rate", "validation/success_300_rate",  # ALOHA's judge
+            "validation/strict_success_300_rate"} <= final.keys()
     episodes = [json.loads(line) for line in
                 (reference / f"evaluations/update_{UPDATES:06d}.jsonl").read_text().splitlines()]
     assert sorted(e["seed"] for e in episodes if "seed" in e) == [100000, 100001], episodes

@@ -12,9 +12,13 @@ and `observation.environment_state` (the objects' poses, privileged), plus
 `obs_type="pixels_agent_pos"` they are gym-aloha's own: `{"pixels": {"top": uint8
 [480, 640, 3]}, "agent_pos": float64 [14]}`, the top camera rendered as gym-aloha renders it
 (bit for bit: same scene, size and effects), and only that camera, where gym-aloha's task
-renders three (top, angle, front_close) every step. The reward is gym-aloha's (0 to 4); an
-episode terminates at the top reward, with `info["is_success"]` true, as gym-aloha's
-environments do. `render()` (render_mode "rgb_array") draws `render_camera`; nothing is
+renders three (top, angle, front_close) every step. The reward is gym-aloha's (0 to 4), and
+`info["is_success"]` is true at a step with the top reward; an episode terminates there,
+as gym-aloha's environments do, unless `terminate_on_success=False` (the example recipes'
+evaluation: the episode runs to its limit, so the task can be judged at the last step).
+`info["task_done"]` says whether the task is done in the present state (`Scene.task_done`:
+for insertion the peg in the socket, which the top reward's pin contact outlasts).
+`render()` (render_mode "rgb_array") draws `render_camera`; nothing is
 rendered otherwise, so a step costs the physics only (under a millisecond here, where a
 gym-aloha step renders three 480x640 cameras).
 """
@@ -46,7 +50,7 @@ class AlohaEnv(gym.Env):
     def __init__(self, task: str = "transfer_cube", cameras: Sequence[str] = (),
                  image_size: Sequence[int] = CAMERA_FRAME, render_mode: str | None = None,
                  render_camera: str = "top", render_size: Sequence[int] = CAMERA_FRAME,
-                 obs_type: str = "state") -> None:
+                 obs_type: str = "state", terminate_on_success: bool = True) -> None:
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode {render_mode!r}: only 'rgb_array' (or None)")
         if obs_type not in ("state", "pixels_agent_pos"):
@@ -63,6 +67,7 @@ class AlohaEnv(gym.Env):
         self.cameras, self.image_size = list(cameras), tuple(int(s) for s in image_size)
         self.render_mode, self.render_camera = render_mode, render_camera
         self.render_size = tuple(int(s) for s in render_size)
+        self.terminate_on_success = bool(terminate_on_success)
         for camera in self.cameras + ([render_camera] if render_mode else []):
             self.scene.check_camera(camera)
         n_env = len(self.task.env_state_names)
@@ -104,7 +109,7 @@ class AlohaEnv(gym.Env):
         if seed is None:
             seed = int(self.np_random.integers(2**31))
         self.scene.reset(seed=seed)
-        return self._observation(), {"is_success": False}
+        return self._observation(), {"is_success": False, "task_done": False}
 
     def step(self, action: np.ndarray
              ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
@@ -114,7 +119,9 @@ class AlohaEnv(gym.Env):
                              f"got {action.shape} {action}")
         reward = self.scene.step(action)
         success = reward >= MAX_REWARD
-        return self._observation(), reward, success, False, {"is_success": success}
+        info = {"is_success": success, "task_done": self.scene.task_done(reward)}
+        return (self._observation(), reward, success and self.terminate_on_success, False,
+                info)
 
     def render(self) -> np.ndarray | None:
         if self.render_mode is None:

@@ -14,8 +14,10 @@ targets) and the task's text, and with `--cameras` each camera as an mp4 video
 shadows and reflections: about 0.1 s a frame on software OpenGL) and averaged down to
 `--size` (a whole fraction: 480x640, 240x320, 120x160, ...), as the camera policy averages
 the camera's frames when it acts. Seeds are tried from `--seed` up until `--episodes`
-demonstrations succeed (the expert's failures are dropped and counted); they must stay
-below 100000, where evaluation seeds begin, so no demonstration is an evaluation episode.
+demonstrations finish the task (done at the last step, R-ALOHA-2; the others are dropped,
+and counted both by the field's verdict, the top reward reached, and by the finish); they
+must stay below 100000, where evaluation seeds begin, so no demonstration is an evaluation
+episode.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from embodichain_models.policies.aloha.tasks import (
 )
 
 IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
-INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success rate
+INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success and finish rates
 
 
 def features(task: AlohaTask, cameras: Sequence[str], size: tuple[int, int]) -> dict:
@@ -73,8 +75,9 @@ def parse_size(text: str) -> tuple[int, int]:
 def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequence[str] = (),
             size: tuple[int, int] = (480, 640), overwrite: bool = False,
             max_attempts: int | None = None, log=print) -> dict:
-    """Record `episodes` successful demonstrations of `task` at `out`; returns what was
-    done (seeds, attempts, the expert's success rate, seconds per episode)."""
+    """Record `episodes` demonstrations of `task` that finish the task at `out`; returns
+    what was done (seeds, attempts, the expert's field success and finish rates, seconds
+    per episode)."""
     from embodichain_models.data.lerobot.writer import write_dataset
     from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
 
@@ -92,13 +95,18 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
 
     def progress(demo, kept: int, tried: int) -> None:
         if log is not None:
-            log(f"seed {demo.seed}: {'success' if demo.success else 'FAILED (dropped)'} "
-                f"(max reward {demo.rewards.max():g}); {kept}/{episodes} kept of {tried}")
+            verdict = ("finished" if demo.finished else "NOT FINISHED (dropped)") + (
+                "" if demo.success else ", top reward never reached")
+            log(f"seed {demo.seed}: {verdict} (max reward {demo.rewards.max():g}, last "
+                f"{demo.rewards[-1]:g}); {kept}/{episodes} kept of {tried}")
 
-    kept, tried, seconds = recorder.successes(episodes, seed, attempts, progress)
+    kept, attempted, seconds = recorder.finished(episodes, seed, attempts, progress)
+    tried = len(attempted)
+    successes = sum(d.success for d in attempted)
     if len(kept) < episodes:
-        raise UsageError(f"the {task} expert succeeded in {len(kept)} of {tried} attempts: "
-                         f"fewer than the {episodes} asked for (nothing written)")
+        raise UsageError(f"the {task} expert finished the task in {len(kept)} of {tried} "
+                         f"attempts (reached the top reward in {successes}): fewer than the "
+                         f"{episodes} asked for (nothing written)")
     frame_bytes = size[0] * size[1] * 3 * EPISODE_STEPS * max(len(cameras), 1)
     per_file = max(1, min(50, IMAGE_BYTES_PER_FILE // frame_bytes)) if cameras else 50
     start = time.perf_counter()
@@ -107,8 +115,10 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
                   robot_type="aloha", overwrite=overwrite)
     written = time.perf_counter() - start
     report = {"task": spec.name, "text": spec.text, "episodes": len(kept), "attempts": tried,
-              "expert_success_rate": len(kept) / tried, "seeds": [d.seed for d in kept],
-              "failed_seeds": sorted(set(range(seed, seed + tried)) - {d.seed for d in kept}),
+              "expert_success_rate": successes / tried,
+              "expert_finish_rate": sum(d.finished for d in attempted) / tried,
+              "seeds": [d.seed for d in kept],
+              "failed_seeds": [d.seed for d in attempted if not d.finished],
               "seconds_per_attempt": seconds, "seconds_writing": written,
               "cameras": list(cameras), "size": list(size) if cameras else None}
     (out / INFO_FILE).write_text(json.dumps(report, indent=2))
@@ -119,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the dataset's root directory")
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
-    parser.add_argument("--episodes", type=int, default=50, help="successful episodes kept")
+    parser.add_argument("--episodes", type=int, default=50,
+                        help="episodes kept (each finishes the task)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed tried")
     parser.add_argument("--cameras", type=lambda text: [c for c in text.split(",") if c],
                         default=[], metavar="CAMERA[,CAMERA...]",
@@ -147,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {args.out}: {report['episodes']} {args.task} episodes of {EPISODE_STEPS} "
-          f"steps at {FPS} fps; the expert succeeded in {report['episodes']} of "
-          f"{report['attempts']} ({100 * report['expert_success_rate']:.0f}%), "
+          f"steps at {FPS} fps; of {report['attempts']} attempts the expert reached the top "
+          f"reward in {100 * report['expert_success_rate']:.0f}% and finished the task in "
+          f"{100 * report['expert_finish_rate']:.0f}% (kept), "
           f"{report['seconds_per_attempt']:.2f} s per attempt"
           + (f", cameras {', '.join(args.cameras)} ({report['seconds_writing']:.0f} s "
              "rendering and writing)" if args.cameras else ""))

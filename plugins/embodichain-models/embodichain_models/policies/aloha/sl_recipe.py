@@ -7,7 +7,9 @@ cameras' images only (gym-aloha's `pixels_agent_pos`), and the chunk of the next
 `data.chunk` joint targets, with `action_is_pad` past the episode's end. The model is an ACT
 (`model.py`); the recipe's `evaluation:` section judges it in gym-aloha's scene, its
 chunks executed by `execution` (temporal ensembling or a fixed horizon), at every
-validation: `validation/success_rate` is the best metric, higher is better. With held-out
+validation: `validation/success_rate` (the field's verdict) is the best metric, higher is
+better, reported beside `validation/strict_success_rate` and both at step 300
+(`judge.py`, R-ALOHA-2). With held-out
 episodes validation also reports their action error (`validation/action_l1`).
 """
 
@@ -20,6 +22,7 @@ from embodichain.learning.sl import SupervisedTrainer, UsageError
 from embodichain_models.data.lerobot import LeRobotFormatError
 from embodichain_models.policies.aloha.data import act_data, check_evaluation
 from embodichain_models.policies.aloha.execution import ChunkExecution
+from embodichain_models.policies.aloha.judge import AlohaJudge
 from embodichain_models.policies.aloha.model import (
     ACTION,
     ActPolicy,
@@ -86,7 +89,7 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
     return SupervisedTrainer(config, model=model, source=data.source, objective=objective,
                              device=device,
                              evaluate=evaluate if data.held_out is not None else None,
-                             policy=policy_factory(model.shape.execution),
+                             policy=policy_factory(model.shape.execution), judge=AlohaJudge,
                              best=("validation/success_rate", "max"))
 
 
