@@ -3,6 +3,8 @@
     python benchmarks/aloha.py data [--episodes 10]      # demonstration time per episode
     python benchmarks/aloha.py eval RUN_DIR [--episodes 20] [--nproc 2]   # evaluation episodes/s
     python benchmarks/aloha.py curve RUN_DIR              # success rate against updates, time
+    python benchmarks/aloha.py camera [--data DIR] [--run RUN_DIR]   # the camera's costs
+    python benchmarks/aloha.py gym-aloha RUN_DIR [--episodes 4]  # ours vs gym-aloha's own env
 
 `data`: the scripted expert plus its joint-space replay per task (CPU and wall seconds per
 episode, one process), and the cost of one camera frame. `eval`: closed-loop episodes per
@@ -10,7 +12,15 @@ second of `embodichain eval RUN_DIR` (the recipe's evaluation: its scenes per pr
 batched forward per step, temporal ensembling); beside it, the cost of a step of gym-aloha's
 own environment, which renders three 480x640 cameras every step, and of ours. `curve`: the run's
 `validation/success_rate` at each evaluation with the update, the training wall time to it
-(evaluation time excluded and included) and the run's CPU model. Needs
+(evaluation time excluded and included) and the run's CPU model. `camera`: a step of our
+top-camera environment (`obs_type: pixels_agent_pos`, the top camera rendered as gym-aloha
+renders it) against gym-aloha's own and the state-only one, the camera policy's batched
+forward from ten 480x640 frames (averaging down included), the decode of a camera dataset's
+frames per example (`--data`), and a run's `time/data_wait` share (`--run`). `gym-aloha`:
+the run's newest snapshot judged by its recipe's evaluation section twice, unchanged but
+for the environment: in ours and in gym-aloha's own registered one
+(`gym_aloha/Aloha*-v0`, `obs_type: pixels_agent_pos`, the section's step limit), episode
+by episode (success, return and length must agree). Needs
 `pip install 'embodichain-models[sim]'`; run with OMP_NUM_THREADS=1.
 """
 
@@ -26,6 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def _clock() -> tuple[float, float]:
@@ -39,11 +50,14 @@ def data(episodes: int) -> None:
     for name, task in TASKS.items():
         recorder = Recorder(task)
         wall, cpu = _clock()
-        successes = sum(recorder.demonstrate(seed).success for seed in range(episodes))
+        demos = [recorder.demonstrate(seed) for seed in range(episodes)]
         w, c = _clock()
-        print(f"{name}: {episodes} episodes (expert in the end-effector scene + replay), "
-              f"{(w - wall) / episodes:.2f} s wall, {(c - cpu) / episodes:.2f} s CPU per "
-              f"episode; expert success {successes}/{episodes}")
+        print(f"{name}: {episodes} episodes (expert in the end-effector scene, recorded in "
+              f"the joint-space scene), {(w - wall) / episodes:.2f} s wall, "
+              f"{(c - cpu) / episodes:.2f} s CPU per episode; expert: top reward reached "
+              f"{sum(d.success for d in demos)}/{episodes}, task done at step "
+              f"{len(demos[0].rewards)} {sum(d.finished for d in demos)}/{episodes} (top "
+              f"reward at that step {sum(d.rewards[-1] >= 4 for d in demos)}/{episodes})")
     try:
         recorder.scene.check_camera("top")
     except Exception as exc:  # noqa: BLE001
@@ -105,6 +119,136 @@ def step_costs() -> None:
               f"{(time.perf_counter() - wall) / steps * 1000:.1f} ms")
 
 
+def camera(data: Path | None, run: Path | None) -> None:
+    """The camera pipeline's costs: rendering, the policy's forward, decode, data wait."""
+    import embodichain_models.envs  # noqa: F401 - registers the ids
+    import gymnasium as gym
+    import numpy as np
+    import torch
+    from embodichain_models.policies.aloha.scene import gl_backend
+
+    gl_backend()
+    from gym_aloha.env import AlohaEnv
+
+    top = gym.make("embodichain_models/AlohaTransferCube-v0",
+                   obs_type="pixels_agent_pos").unwrapped
+    state = gym.make("embodichain_models/AlohaTransferCube-v0").unwrapped
+    theirs = AlohaEnv("transfer_cube", obs_type="pixels_agent_pos")
+    for env in (top, state, theirs):
+        env.reset(seed=100_000)
+    action = state.scene.qpos.astype(np.float32)
+    for name, env, steps in (("gym-aloha's (top, angle, front_close at 480x640)", theirs, 5),
+                             ("our top-camera (top at 480x640)", top, 20),
+                             ("our state-only", state, 200)):
+        wall, cpu = _clock()
+        for _ in range(steps):
+            env.step(action)
+        w, c = _clock()
+        print(f"a step of {name} environment: {(w - wall) / steps * 1000:.1f} ms wall, "
+              f"{(c - cpu) / steps * 1000:.1f} ms CPU")
+    from embodichain_models.policies.aloha.model import ActPolicy, ActShape
+
+    stats = {k: {"mean": torch.zeros(14), "std": torch.ones(14)}
+             for k in ("observation.state", "action")}
+    model = ActPolicy(ActShape(14, 0, 14, 50, cameras=("top",),
+                               image_sizes=((120, 160),)), stats).eval()
+    frames = torch.randint(0, 256, (10, 480, 640, 3), dtype=torch.uint8)
+    obs = {"observation.state": torch.zeros(10, 14), "observation.images.top": frames}
+    model.act_chunk(obs)
+    wall = time.perf_counter()
+    for _ in range(5):
+        model.act_chunk(obs)
+    print(f"camera policy (recipe's size, 120x160 backbone) forward for 10 scenes from "
+          f"480x640 frames: {(time.perf_counter() - wall) / 5 * 1000:.0f} ms "
+          f"({torch.get_num_threads()} threads)")
+    if data is not None:
+        from embodichain_models.data.lerobot.dataset import LeRobotFrames
+
+        frames_ds = LeRobotFrames(data, features=["observation.images.top"])
+        rng = np.random.default_rng(0)
+        picks = rng.integers(0, len(frames_ds), 200)
+        frames_ds[int(picks[0])]
+        wall, cpu = _clock()
+        for i in picks:
+            image = frames_ds[int(i)]["observation.images.top"]
+        w, c = _clock()
+        print(f"decode of {data} ({list(image.shape)} frames), random examples in one "
+              f"process: {(w - wall) / len(picks) * 1000:.2f} ms wall, "
+              f"{(c - cpu) / len(picks) * 1000:.2f} ms CPU per example")
+    if run is not None:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+        waits = [r["time/data_wait"] for r in records if "time/data_wait" in r]
+        worst = [r["time/data_wait_max"] for r in records if "time/data_wait_max" in r]
+        if waits:
+            print(f"{run}: time/data_wait (rank 0's share of the wall time) mean "
+                  f"{np.mean(waits):.3f}, max {np.max(waits):.3f}; slowest rank's mean "
+                  f"{np.mean(worst):.3f} over {len(waits)} log records")
+
+
+def gym_aloha(run: Path, episodes: int) -> None:
+    """The run's camera policy in our top-camera environment and in gym-aloha's own."""
+    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+    from embodichain_models.policies.aloha.tasks import TASKS
+
+    from embodichain.core.deploy.trained import trained_model
+    from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
+    from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+
+    checkpoint = run / "last.pt"
+    trained = trained_model(checkpoint)
+    section = dict(trained.run["config"]["evaluation"])
+    task = TASKS[trained.run["config"]["data"]["task"]]
+    ours = EvaluationConfig.model_validate(section)
+    env = {**section["env"], "id": task.gym_aloha_id, "import": "gym_aloha",
+           "kwargs": {"obs_type": "pixels_agent_pos",
+                      "max_episode_steps": section.get("max_steps", 400)}}
+    theirs = EvaluationConfig.model_validate({**section, "env": env})
+    results = {}
+    for name, config in (("ours", ours), ("gym-aloha's", theirs)):
+        traced: list[Any] = []
+
+        def make_policy(model: Any, device: Any, traced: list = traced) -> Any:
+            traced.append(_Traced(policy_factory(trained.model.shape.execution)(model, device)))
+            return traced[-1]
+
+        wall = time.perf_counter()
+        result = ClosedLoopEvaluation(config, make_policy).run(
+            trained.model, "cpu", lockstep=False,
+            overrides=Overrides(episodes=episodes, videos=0))
+        records = [{k: r[k] for k in ("seed", "success", "return", "length")}
+                   for r in result.records]
+        results[name] = (records, traced[-1].digest.hexdigest())
+        print(f"{name} environment ({config.env.id}): {episodes} episodes in "
+              f"{time.perf_counter() - wall:.0f} s: {records}; joints and actions of every "
+              f"step: sha256 {results[name][1][:16]}")
+    same = results["ours"] == results["gym-aloha's"]
+    print(f"per-episode outcomes and every step's joints and actions "
+          f"{'EQUAL' if same else 'DIFFER'} (update {trained.step})")
+    if not same:
+        raise SystemExit(1)
+
+
+class _Traced:
+    """A closed-loop policy that digests the joint positions it sees and its actions."""
+
+    def __init__(self, policy: Any) -> None:
+        import hashlib
+
+        self.policy, self.digest = policy, hashlib.sha256()
+
+    def reset(self, env_index: int) -> None:
+        self.policy.reset(env_index)
+
+    def act(self, observations: Any) -> Any:
+        import numpy as np
+        from embodichain_models.policies.aloha.execution import observed
+
+        joints = np.asarray(observed(observations, "observation.state"), np.float64)
+        actions = self.policy.act(observations)
+        self.digest.update(joints.tobytes() + np.asarray(actions).tobytes())
+        return actions
+
+
 def curve(run: Path) -> None:
     records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     meta = json.loads((run / "run.json").read_text())
@@ -137,11 +281,21 @@ def main() -> None:
     e.add_argument("--nproc", type=int, default=1)
     c = sub.add_parser("curve")
     c.add_argument("run", type=Path)
+    g = sub.add_parser("gym-aloha")
+    g.add_argument("run", type=Path, help="a camera run's directory (its last.pt acts)")
+    g.add_argument("--episodes", type=int, default=4)
+    m = sub.add_parser("camera")
+    m.add_argument("--data", type=Path, help="a dataset recorded with --cameras top")
+    m.add_argument("--run", type=Path, help="a camera run's directory (its data wait)")
     args = parser.parse_args()
     if args.what == "data":
         data(args.episodes)
     elif args.what == "eval":
         evaluation(args.run, args.episodes, args.nproc)
+    elif args.what == "camera":
+        camera(args.data, args.run)
+    elif args.what == "gym-aloha":
+        gym_aloha(args.run, args.episodes)
     else:
         curve(args.run)
 

@@ -18,8 +18,8 @@ from embodichain_models.deploy.runner import ObservationError, PolicyRunner, rea
 from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
-from tests.support.cli import invoke
+from tests.support import assert_ok, run_cli, run_torchrun, write_recipe
+from tests.support.cli import export_deploying, invoke
 
 pytestmark = pytest.mark.slow  # a recorded dataset, a training run and two exports (~1 min)
 
@@ -183,14 +183,8 @@ def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
     """Catches an export that writes a broken artifact, crashes with a traceback, or exits
     1: a deployable forward that branches on a tensor's value (`.item()`) is refused with
     exit 2 naming that line, and nothing is written."""
-    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
-                          **{"factory": "deploying:branching", "trainer.max_updates": 2,
-                             "trainer.save_every": 2})
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
-                      env=factories_env()))
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
     out = tmp_path / "policy.onnx"
-    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    result = export_deploying(tmp_path, "branching", out, monkeypatch)
     assert result.exit_code == 2, result.output
     assert "cannot be exported" in result.stderr
     assert "`if y.sum().item() > 0:" in result.stderr and "deploying.py" in result.stderr
@@ -220,14 +214,9 @@ def test_a_sharded_checkpoint_exports_its_consolidated_weights(
     artifact computes with the consolidated weights."""
     from embodichain.core.checkpoint.sharded import consolidated_model
 
-    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
-        "factory": "deploying:chunked", "trainer.strategy": "fsdp", "trainer.max_updates": 2,
-        "trainer.save_every": 2, "trainer.validate_every": 0})
-    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
-                           env=factories_env()))
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
     out = tmp_path / "policy.pt2"
-    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    result = export_deploying(tmp_path, "chunked", out, monkeypatch, launch=run_torchrun,
+                              **{"trainer.strategy": "fsdp", "trainer.validate_every": 0})
     assert result.exit_code == 0, result.output
 
     manifest = tmp_path / "run" / "last.pt"

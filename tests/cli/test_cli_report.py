@@ -184,7 +184,7 @@ def test_without_matplotlib_it_names_the_extra(tmp_path: Path, sl_ddp_one_proces
     proc = run_cli("report", str(sl_ddp_one_process), "--out", str(out), cwd=tmp_path,
                    env=worker_env(PYTHONPATH=str(fake)))
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'embodichain[plot]'" in proc.stderr
+    assert "pip install 'embodichain-sl[plot]'" in proc.stderr
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
     assert not out.exists()
 

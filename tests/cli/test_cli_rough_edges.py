@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import embodichain
 from embodichain.core.observe.summary import summary_lines
 from tests.support import (
     FACTORIES,
@@ -231,7 +232,7 @@ def test_a_closed_pipe_ends_a_command_quietly(two_updates: tuple[Path, str], arg
 def test_a_first_run_prints_no_numpy_warning(two_updates: tuple[Path, str]) -> None:
     """Catches NumPy dropped from the dependencies: torch then warns `Failed to initialize
     NumPy` in every process that imports it, torchrun's launcher included."""
-    requires = importlib.metadata.requires("embodichain") or []
+    requires = importlib.metadata.requires(embodichain.DISTRIBUTION) or []
     assert any(re.match(r"numpy\b", r) and "extra ==" not in r for r in requires), requires
     _, stderr = two_updates  # a first run's own output
     assert "Warning" not in stderr and "NumPy" not in stderr, stderr

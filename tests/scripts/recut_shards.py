@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.checkpoint.sharded import dim0_cut, local, payload_to_restore
+from embodichain.core.checkpoint.sharded import payload_to_restore
+from embodichain.core.distributed.sharding import dim0_cut, local
 from embodichain.core.errors import CheckpointError
 from embodichain.core.training.strategies.base import Snapshot
 from embodichain.core.training.strategies.fsdp import FsdpStrategy

@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner, Result
 
 from embodichain.cli import app
+from tests.support.processes import FACTORIES, assert_ok, factories_env, run_cli
+from tests.support.recipes import write_recipe
 
 FAKE_DIST = "fakeplugin"
 FAKE_FACTORY = "fakeplugin"
@@ -23,6 +27,21 @@ def invoke(*args: str) -> Result:
         raise AssertionError("CLI raised instead of reporting:\n" + "".join(
             traceback.format_exception(result.exception)))
     return result
+
+
+def export_deploying(tmp_path: Path, factory: str, artifact: Path,
+                     monkeypatch: pytest.MonkeyPatch, launch: Callable[..., object] = run_cli,
+                     **changes: object) -> Result:
+    """Train the test factory `deploying:<factory>` (tests/factories/deploying.py) for 2
+    updates into tmp_path/run (`launch`: run_cli, or run_torchrun for 2 workers; `changes`
+    as dotted keys), then `export RUN --policy ARTIFACT` in this process: its result."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"factory": f"deploying:{factory}", "trainer.max_updates": 2,
+                             "trainer.save_every": 2, **changes})
+    assert_ok(launch("train-sl", "--config", str(recipe), "--no-progress",
+                     env=factories_env()))
+    monkeypatch.syspath_prepend(str(FACTORIES))  # the checkpoint names the factory's module
+    return invoke("export", str(tmp_path / "run"), "--policy", str(artifact))
 
 
 def make_plugins(root: Path) -> Path:

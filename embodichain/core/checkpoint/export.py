@@ -20,8 +20,9 @@ from typing import Any
 import torch
 
 from embodichain.core.checkpoint.file import published_atomically, read_checkpoint
+from embodichain.core.checkpoint.formats import format_of
 from embodichain.core.checkpoint.names import is_checkpoint_name
-from embodichain.core.checkpoint.sharded import consolidated_model, is_sharded_checkpoint
+from embodichain.core.checkpoint.single_file import NoEmaWeights
 from embodichain.core.errors import CheckpointError, UsageError
 
 
@@ -36,41 +37,17 @@ class Exported:
     ema: bool
 
 
-class NoEmaWeights(UsageError):
-    """The checkpoint holds no EMA weights (its caller says how to do without them)."""
-
-
 def checkpoint_model(path: Path, data: Mapping[str, Any], *, ema: bool = False
                      ) -> dict[str, torch.Tensor]:
     """The whole model's (or its EMA's) state_dict in the verified checkpoint `data` at
-    `path`: a sharded one's shards each verified, then concatenated (R-SHARD-4)."""
-    if not is_sharded_checkpoint(data):
-        return model_state(data, path, ema=ema)
+    `path`, as its format gives it: a sharded one's shards each verified, then concatenated
+    (R-SHARD-4)."""
     try:
-        return consolidated_model(path, data, ema=ema)
+        return format_of(data).whole_model(data, path, ema=ema)
     except CheckpointError as exc:
         if ema and "no EMA" in str(exc):
             raise NoEmaWeights(str(exc)) from None
         raise
-
-
-def model_state(data: Mapping[str, Any], source: Path, *, ema: bool = False
-                ) -> dict[str, torch.Tensor]:
-    """The model's (or its EMA's) state_dict in a verified unsharded checkpoint `data`."""
-    learner = data["payload"]["learner"]
-    if not ema:
-        return dict(learner["model"])
-    found = learner.get("ema")
-    if found is None:
-        raise NoEmaWeights(f"{source} holds no EMA weights (the run had no trainer.ema when "
-                           "it wrote this checkpoint)")
-    if isinstance(found, Mapping) and isinstance(found.get("model"), Mapping):
-        found = found["model"]
-    if not (isinstance(found, Mapping)
-            and all(isinstance(v, torch.Tensor) for v in found.values())):
-        raise UsageError(f"{source}: its EMA entry is not a state_dict of tensors; this "
-                         "embodichain cannot export it")
-    return dict(found)
 
 
 def export_model(checkpoint: Path, out: Path, *, ema: bool = False, force: bool = False,

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from embodichain.core.checkpoint import recut_exchange as exchange
-from embodichain.core.checkpoint.sharded import dim0_cut, local
 from embodichain.core.distributed import process_group
+from embodichain.core.distributed.sharding import dim0_cut, local
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 from embodichain.core.file_hash import file_sha256
 

@@ -72,7 +72,7 @@ def read(spec: InitFrom) -> InitialWeights:
     """The catalogue of the weights `spec` names, verified (raises UsageError naming the
     file, exit 2). Nothing is kept in memory: tensors are only memory-mapped."""
     from embodichain.core.checkpoint.file import read_checkpoint
-    from embodichain.core.checkpoint.sharded import is_sharded_checkpoint
+    from embodichain.core.checkpoint.formats import format_of
     from embodichain.core.file_hash import file_sha256
 
     path = Path(spec.path)
@@ -93,9 +93,10 @@ def read(spec: InitFrom) -> InitialWeights:
         return _exported(path, spec, record)
     run = data["payload"].get("run", {})
     record.update(run_id=run.get("run_id"), step=int(data["manifest"]["step"]))
-    if is_sharded_checkpoint(data):
+    fmt = format_of(data)
+    if fmt.keeps_parts:
         record["kind"] = "sharded checkpoint"
-        return _sharded(path, data, spec, record)
+        return _sharded(path, data, fmt.parts(data), spec, record)
     record["kind"] = "checkpoint"
     view = "learner.ema" if spec.ema else "learner.model"
     tensors = tensors_in(data, view)
@@ -135,17 +136,16 @@ def _whole_file(path: Path, tensors: Mapping[str, torch.Tensor], view: str, spec
                           {n: tuple(t.shape) for n, t in tensors.items()}, spec)
 
 
-def _sharded(path: Path, data: Mapping[str, Any], spec: InitFrom, record: dict[str, Any]
-             ) -> InitialWeights:
-    """A sharded manifest: its shard table, with where each shard's rows lie."""
+def _sharded(path: Path, data: Mapping[str, Any], table: Mapping[int, dict[str, Any]],
+             spec: InitFrom, record: dict[str, Any]) -> InitialWeights:
+    """A sharded manifest: its shard `table` (the format's parts), with where each shard's
+    rows lie."""
     from embodichain.core.checkpoint.recut import recut_refusal
-    from embodichain.core.checkpoint.sharded import shard_table
 
     refusal = recut_refusal(data["payload"])
     if refusal is not None:
         raise UsageError(f"--init-from {path}: {refusal}; write its weights with `embodichain "
                          "export` and start from that file")
-    table = shard_table(data)
     if spec.ema and not table[0]["cuts"]["ema"]:
         raise UsageError(f"--init-from-ema: {path} holds no EMA weights (the run had no "
                          "trainer.ema); drop --init-from-ema for the model's own weights")

@@ -42,13 +42,12 @@ from embodichain.core.checkpoint import recut_exchange as exchange
 from embodichain.core.checkpoint.sharded import (
     SHARD_DIRECTORY,
     as_param_shard,
-    dim0_cut,
-    local,
     payload_shards,
     shard_cuts,
 )
 from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
 from embodichain.core.distributed import process_group
+from embodichain.core.distributed.sharding import dim0_cut, local
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 from embodichain.core.file_hash import file_sha256
 

@@ -13,7 +13,6 @@ at a time. On a shared filesystem every rank sees every shard: nothing is sent.
 from __future__ import annotations
 
 import pickle
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from embodichain.core.checkpoint.sharded import node_rank
+from embodichain.core.checkpoint.formats import this_node
 from embodichain.core.distributed import process_group
 from embodichain.core.tensor_bytes import tensor_bytes
 
@@ -46,7 +45,7 @@ def gather_view(table: Mapping[int, Mapping[str, Any]], directory: Path, need: s
     """Every rank's view (collective, the same exchange on every rank whatever the data):
     the old shard files it sees, the old shards it needs, its cuts and its node."""
     mine = {"here": sorted(k for k, e in table.items() if (directory / e["file"]).is_file()),
-            "need": sorted(need), "cuts": cuts, "node": [socket.gethostname(), node_rank()]}
+            "need": sorted(need), "cuts": cuts, "node": this_node()}
     return process_group.broadcast_from_rank_zero(process_group.gather_to_rank_zero(mine))
 
 

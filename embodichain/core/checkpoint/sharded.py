@@ -36,16 +36,12 @@ from torch import nn
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint
 from embodichain.core.checkpoint.tensor_names import refuse_other_tensors
+from embodichain.core.distributed.sharding import dim0_cut, local
 from embodichain.core.errors import CheckpointCorruptError, CheckpointError
 
 STRATEGY = "fsdp"
 SHARDS_DIR = "shards"
 SHARD_DIRECTORY = "directory"  # set on load: where this manifest's shards are (its folder)
-
-
-def local(tensor: Any) -> Any:
-    """A DTensor's local shard (a view of its storage); anything else itself."""
-    return tensor.to_local() if _is_dtensor(tensor) else tensor
 
 
 def shard_relpath(step: int, token: str, rank: int) -> str:
@@ -54,7 +50,8 @@ def shard_relpath(step: int, token: str, rank: int) -> str:
 
 
 def is_sharded_checkpoint(data: Mapping[str, Any]) -> bool:
-    """Whether a verified checkpoint dict is a sharded manifest."""
+    """Whether a verified checkpoint dict is a sharded manifest (as shard_format's
+    `Sharded.holds`, which must not import this module's torch)."""
     return isinstance(data.get("payload"), Mapping) and "sharded" in data["payload"]
 
 
@@ -133,21 +130,6 @@ def _placement(value: Any) -> dict[str, Any]:
     if dim0 and value.dim() > 0:
         placement.update(dim0_cut(value))
     return placement
-
-
-def dim0_cut(value: Any) -> dict[str, int]:
-    """Where a dim-0-sharded DTensor's local shard lies: its first row and row count, as the
-    mesh cut it (FSDP2's chunks may be uneven or empty), read off the DTensor itself and
-    checked against its local tensor, never recomputed from a guess of the rule."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
-                                                          value.placements)
-    rows = int(value.to_local().shape[0])
-    if int(shape[0]) != rows:
-        raise CheckpointError(f"a shard of {rows} rows where the mesh places {shape[0]}: "
-                              "cannot record where it lies")
-    return {"offset": int(offset[0]), "length": rows}
 
 
 def _cut(placement: Mapping[str, Any]) -> list[int]:

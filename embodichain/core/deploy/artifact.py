@@ -106,7 +106,7 @@ def _write_onnx(program: torch.export.ExportedProgram, interface: dict[str, Any]
         import onnxscript  # noqa: F401  (the dynamo exporter's dependency)
     except ImportError as exc:
         raise UsageError(f"ONNX export needs onnx and onnxscript ({exc.name} is missing): "
-                         "pip install 'embodichain[deploy]'") from None
+                         "pip install 'embodichain-sl[deploy]'") from None
     keys = list(interface["observations"])
     try:
         with _quiet_exporter():
@@ -179,7 +179,7 @@ def _artifact_forward(path: Path, fmt: str, interface: dict[str, Any]) -> Any:
         import onnxruntime as ort
     except ImportError:
         raise UsageError("checking the ONNX artifact needs onnxruntime: "
-                         "pip install 'embodichain[deploy]'") from None
+                         "pip install 'embodichain-sl[deploy]'") from None
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
     return lambda arrays: session.run(None, dict(zip(names, arrays, strict=True)))[0]

@@ -23,7 +23,7 @@ INTERFACE_KEY = "embodichain.interface"  # ONNX metadata_props entry (the runner
 PT2_INTERFACE_FILE = "interface.json"  # .pt2 extra file
 KINDS = ("policy", "simulator_step")
 DTYPES = ("float32", "float64", "float16", "uint8", "int8", "int32", "int64", "bool")
-PACKAGES = ("embodichain", "embodichain-models", "torch", "onnx", "onnxscript", "onnxruntime",
+PACKAGES = ("embodichain-sl", "embodichain-models", "torch", "onnx", "onnxscript", "onnxruntime",
             "numpy")
 
 

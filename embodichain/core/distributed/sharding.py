@@ -28,7 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from embodichain.core.errors import UsageError
+from embodichain.core.errors import CheckpointError, UsageError
 
 COMPUTE_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -126,6 +126,22 @@ def reshard(model: nn.Module) -> None:
 def local(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (a view of its storage); a plain tensor itself."""
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def dim0_cut(value: DTensor) -> dict[str, int]:
+    """Where a dim-0-sharded DTensor's local shard lies: its first row and row count, as the
+    mesh cut it (FSDP2's chunks may be uneven or empty), read off the DTensor itself and
+    checked against its local tensor, never recomputed from a guess of the rule (what a
+    sharded checkpoint records, and what a rank loading rows into its shard copies)."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(value.shape, value.device_mesh,
+                                                          value.placements)
+    rows = int(value.to_local().shape[0])
+    if int(shape[0]) != rows:
+        raise CheckpointError(f"a shard of {rows} rows where the mesh places {shape[0]}: "
+                              "cannot record where it lies")
+    return {"offset": int(offset[0]), "length": rows}
 
 
 def divide_gradients(parameters: Iterable[nn.Parameter], weight: torch.Tensor) -> None:

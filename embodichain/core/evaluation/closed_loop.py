@@ -21,6 +21,7 @@ from embodichain.core.evaluation.envs import EnvSpec, check_buildable
 from embodichain.core.evaluation.episodes import EpisodeRunner, Plan
 from embodichain.core.evaluation.policy import (
     ClosedLoopPolicy,
+    MakeJudge,
     MakePolicy,
     Success,
     default_success,
@@ -51,10 +52,12 @@ class Interrupted(Exception):  # noqa: N818 (what happened, not an error: the ru
 
 
 class ClosedLoopEvaluation:
-    """The recipe's `evaluation` section with the factory's policy and success predicate."""
+    """The recipe's `evaluation` section with the factory's policy, success predicate and
+    episode judge."""
 
     def __init__(self, config: EvaluationConfig, make_policy: MakePolicy | None,
-                 success: Success | None = None, factory: str = "the factory") -> None:
+                 success: Success | None = None, factory: str = "the factory",
+                 judge: MakeJudge | None = None) -> None:
         if make_policy is None:
             raise UsageError(
                 f"the recipe has an evaluation section, but {factory} gives the trainer no "
@@ -65,6 +68,7 @@ class ClosedLoopEvaluation:
         self.config = config
         self.make_policy = make_policy
         self.success = success or default_success
+        self.judge = judge
         if config.videos:
             av_module()  # refused before training when PyAV is missing
         self.facts = check_buildable(EnvSpec.of(config.env, render=False))
@@ -100,7 +104,7 @@ class ClosedLoopEvaluation:
             runner = EpisodeRunner(slots, policy, plan,
                                    (self.facts.observation_space, self.facts.action_space),
                                    self.success, _agree if step_together else None, show,
-                                   act_idle=lockstep,
+                                   self.judge, act_idle=lockstep,
                                    stop_flag=(lambda: int(stop.flag)) if stop else None)
             outcomes = runner.run()
         finally:

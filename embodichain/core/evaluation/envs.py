@@ -15,7 +15,7 @@ from typing import Any
 
 from embodichain.core.errors import UsageError
 
-EVAL_HINT = "pip install 'embodichain[eval]'"
+EVAL_HINT = "pip install 'embodichain-sl[eval]'"
 
 
 @dataclass(frozen=True)

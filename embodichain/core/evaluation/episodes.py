@@ -8,7 +8,9 @@ or truncates it, at `max_steps`, or with a fault: an exception, a non-finite obs
 reward, or its wall-clock limit (`episode_timeout_s`, counting the environment's own time);
 a fault fails that episode, with its
 reason, and the slot's environment is rebuilt for the next one. The episode's outcome is
-`success(info, reward, terminated)` at its last step (default `info["is_success"]`).
+`success(info, reward, terminated)` at its last step (default `info["is_success"]`); a
+factory's `EpisodeJudge`, when given, sees every step and adds named outcomes (`outcomes`
+in the record), its `success` replacing the predicate's.
 
 `agree(mine, done, stop)` (distributed: under FSDP, whose forward is collective, when
 progress is shown, and whenever a stop request is watched) is a collective that says whether
@@ -29,7 +31,12 @@ from typing import Any
 
 # numpy is imported in the functions: it comes with gymnasium, where an evaluation runs,
 # and the trainer imports this module whether or not one is configured.
-from embodichain.core.evaluation.policy import ClosedLoopPolicy, Success
+from embodichain.core.evaluation.policy import (
+    ClosedLoopPolicy,
+    EpisodeJudge,
+    MakeJudge,
+    Success,
+)
 from embodichain.core.evaluation.slots import TIMEOUT, Slot
 from embodichain.core.evaluation.video import FilmEncoder
 
@@ -62,6 +69,7 @@ class Running:
     env_s: float = 0.0  # the environment's own time so far (the wall-clock limit's)
     total: float = 0.0
     length: int = 0
+    judge: EpisodeJudge | None = None
 
 
 @dataclass
@@ -99,14 +107,15 @@ class EpisodeRunner:
     def __init__(self, slots: Sequence[Slot], policy: ClosedLoopPolicy, plan: Plan,
                  spaces: tuple[Any, Any], success: Success,
                  agree: Callable[[bool, int, int], tuple[bool, int, int]] | None = None,
-                 progress: Callable[[int], None] | None = None, *,
+                 progress: Callable[[int], None] | None = None,
+                 judge: MakeJudge | None = None, *,
                  act_idle: bool = True, stop_flag: Callable[[], int] | None = None) -> None:
         import numpy as np
         from gymnasium.vector.utils import batch_space, create_empty_array, iterate
 
         self.slots, self.policy, self.plan, self.success = slots, policy, plan, success
-        self.agree, self.progress, self.act_idle = agree, progress, act_idle
-        self.stop_flag = stop_flag or (lambda: 0)
+        self.agree, self.progress, self.make_judge = agree, progress, judge
+        self.act_idle, self.stop_flag = act_idle, stop_flag or (lambda: 0)
         self.interrupted = 0  # the stop flags every rank agreed on (0: not cut short)
         self.observation_space, action_space = spaces
         self.batch_actions = batch_space(action_space, len(slots))
@@ -158,7 +167,8 @@ class EpisodeRunner:
         while self.pending and not self.stop_flag():  # none starts once a stop is asked
             index = self.pending.popleft()
             film = FilmEncoder(plan.fps) if index < plan.filmed else None
-            episode = Running(index, episode_seed(plan.seed, index), film)
+            episode = Running(index, episode_seed(plan.seed, index), film,
+                              judge=self.make_judge() if self.make_judge else None)
             slot = self.slots[i]
             slot.send("reset", episode.seed, film is not None)
             status, result, seconds = slot.receive(plan.timeout_s)
@@ -205,6 +215,8 @@ class EpisodeRunner:
                 continue
             episode.total += reward
             self.latest[i] = obs
+            if episode.judge is not None:
+                episode.judge.step(info, reward, terminated, truncated)
             if terminated or truncated or episode.length >= self.plan.max_steps:
                 end = ("terminated" if terminated else "truncated" if truncated
                        else "max_steps")
@@ -231,9 +243,16 @@ class EpisodeRunner:
         if failure is not None:
             self.slots[i].recover()  # the next episode gets a new environment
         film = episode.film.finish() if episode.film is not None else None
+        outcomes = None
+        if episode.judge is not None:
+            outcomes = {str(k): bool(v) and failure is None
+                        for k, v in episode.judge.outcomes().items()}
+            success = outcomes.pop("success", success)
         record = {"episode": episode.index, "seed": episode.seed,
                   "success": success and failure is None, "return": episode.total,
                   "length": episode.length, "end": end, "failure": failure}
+        if outcomes is not None:
+            record["outcomes"] = outcomes
         if episode.film is not None:
             record["frames"] = episode.film.frames
         self.outcomes.append(Outcome(record, film))

@@ -37,3 +37,21 @@ Success = Callable[[Mapping[str, Any], float, bool], bool]
 def default_success(info: Mapping[str, Any], reward: float, terminated: bool) -> bool:
     """The environment's own verdict, `info["is_success"]` (False when it gives none)."""
     return bool(info.get("is_success", False))
+
+
+@runtime_checkable
+class EpisodeJudge(Protocol):
+    """Judges one episode from every step, beyond its success (R-EVAL-1): `step(info,
+    reward, terminated, truncated)` after each of its steps; `outcomes()` at its end, named
+    booleans kept in the episode's record (`outcomes`) and averaged into
+    `validation/<name>_rate`. An outcome named `success` is the episode's success (in place
+    of the success predicate's). A faulted episode's outcomes are all false."""
+
+    def step(self, info: Mapping[str, Any], reward: float, terminated: bool,
+             truncated: bool) -> None: ...
+
+    def outcomes(self) -> Mapping[str, bool]: ...
+
+
+MakeJudge = Callable[[], EpisodeJudge]
+"""`make_judge() -> EpisodeJudge`: a new judge for each episode."""

@@ -53,13 +53,19 @@ class EvaluationResult:
 
     def metrics(self, prefix: str = PREFIX) -> dict[str, float]:
         """`{prefix}/success_rate`, `/return`, `/episode_length` (means over the episodes),
-        `/episode_failures` (episodes ended by a fault)."""
+        `/episode_failures` (episodes ended by a fault), and `/<name>_rate` for each outcome
+        an `EpisodeJudge` gave (the share of episodes where it holds)."""
         n = max(1, len(self.records))
-        return {f"{prefix}/success_rate": sum(bool(r["success"]) for r in self.records) / n,
-                f"{prefix}/return": sum(float(r["return"]) for r in self.records) / n,
-                f"{prefix}/episode_length": sum(int(r["length"]) for r in self.records) / n,
-                f"{prefix}/episode_failures": float(sum(r["failure"] is not None
-                                                        for r in self.records))}
+        metrics = {f"{prefix}/success_rate": sum(bool(r["success"]) for r in self.records) / n,
+                   f"{prefix}/return": sum(float(r["return"]) for r in self.records) / n,
+                   f"{prefix}/episode_length": sum(int(r["length"]) for r in self.records) / n,
+                   f"{prefix}/episode_failures": float(sum(r["failure"] is not None
+                                                           for r in self.records))}
+        names = sorted({k for r in self.records for k in r.get("outcomes") or {}})
+        for name in names:
+            metrics[f"{prefix}/{name}_rate"] = sum(
+                bool((r.get("outcomes") or {}).get(name)) for r in self.records) / n
+        return metrics
 
     def write(self, records_file: Path, films_dir: Path, relative_to: Path
               ) -> dict[int, Path]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # numpy comes with gymnasium, imported only where an evaluation runs
     import numpy as np
 
-AV_HINT = "pip install 'embodichain[eval]'"
+AV_HINT = "pip install 'embodichain-sl[eval]'"
 
 
 def av_module() -> Any:

@@ -250,7 +250,7 @@ def _parts_elsewhere(fmt: CheckpointFormat, path: Path, data: Mapping[str, Any]
     missing = fmt.parts_elsewhere(data, path)
     if not missing or not process_group.is_distributed():
         return [fmt.unreachable(data, path, k, [this_node()]) for k in missing]
-    question = _PartsHeld(str(path), data["payload"]["run"], data["payload"]["sharded"])
+    question = _PartsHeld(str(path), fmt.parts_view(data))
     process_group.broadcast_from_rank_zero(question)
     held = process_group.gather_to_rank_zero(question.answer(fmt)) or []
     nodes = [list(n) for n in sorted({tuple(h["node"]) for h in held})]
@@ -275,12 +275,7 @@ class _PartsHeld:
     manifest's directory as named (each node resolves it in its own working directory)."""
 
     path: str
-    run: dict[str, Any]
-    sharded: dict[str, Any]
-
-    @property
-    def data(self) -> dict[str, Any]:
-        return {"payload": {"run": self.run, "sharded": self.sharded}}
+    data: dict[str, Any]  # what the format's questions read (`parts_view`), no tensors
 
     def answer(self, fmt: CheckpointFormat) -> dict[str, Any]:
         """The parts this rank sees and its node; never raises (rank 0 hears every rank)."""

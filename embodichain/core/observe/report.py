@@ -23,7 +23,7 @@ from embodichain.core.errors import UsageError
 from embodichain.core.runs.best_record import run_best
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 
-PLOT_HINT = "pip install 'embodichain[plot]'"
+PLOT_HINT = "pip install 'embodichain-sl[plot]'"
 MARKED_EVENTS = {"resumed": "--", "rolled_back": ":"}  # run.json event -> line style
 
 

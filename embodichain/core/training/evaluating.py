@@ -21,7 +21,7 @@ from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_name
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted, Overrides
-from embodichain.core.evaluation.policy import MakePolicy, Success
+from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.evaluation.records import (
     EVALUATIONS,
     INTERRUPTED,
@@ -44,8 +44,8 @@ class Evaluating(Protocol):
 SUCCESS_RATE = ("validation/success_rate", "max")
 
 
-def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | None
-                   ) -> ClosedLoopEvaluation | None:
+def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | None,
+                   judge: MakeJudge | None = None) -> ClosedLoopEvaluation | None:
     """The recipe's evaluation with the factory's policy (None without an evaluation
     section); refuses (UsageError, exit 2) a section without a policy and an environment
     that cannot be built."""
@@ -53,7 +53,8 @@ def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | No
     if section is None:
         return None
     return ClosedLoopEvaluation(section, policy, success,
-                                factory=f"factory {getattr(config, 'factory', '?')!r}")
+                                factory=f"factory {getattr(config, 'factory', '?')!r}",
+                                judge=judge)
 
 
 def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:

@@ -19,7 +19,7 @@ from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_of
 from embodichain.core.errors import DataFailure, TrainingError
-from embodichain.core.evaluation.policy import MakePolicy, Success
+from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
@@ -53,7 +53,8 @@ class SupervisedTrainer:
     `policy` (with the recipe's `evaluation` section): `make_policy(model, device) ->
     ClosedLoopPolicy`, judged in closed loop at every validation, on every rank;
     `success(info, reward, terminated) -> bool` judges an episode (default
-    `info["is_success"]`; R-EVAL-1, docs/evaluation.md).
+    `info["is_success"]`); `judge() -> EpisodeJudge` adds outcomes judged from every step
+    (R-EVAL-1, docs/evaluation.md).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class SupervisedTrainer:
         shard_blocks: Sequence[nn.Module] = (),
         policy: MakePolicy | None = None,
         success: Success | None = None,
+        judge: MakeJudge | None = None,
     ) -> None:
         self.config = config
         self.device = device
@@ -81,7 +83,7 @@ class SupervisedTrainer:
         # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
         # (R-MET-1) and the callbacks, trainer.save_best's last.
         self.closed_loop, self.best, self.callbacks = validation_setup(
-            config, evaluate, callbacks, best, policy, success)
+            config, evaluate, callbacks, best, policy, success, judge)
         self.tracker = BestTracker(self.best)
         t = config.trainer
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,

@@ -21,7 +21,7 @@ from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted
-from embodichain.core.evaluation.policy import MakePolicy, Success
+from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, MetricMissing, choose_best
 from embodichain.core.training.callbacks import SaveBest, ValidationCallback
@@ -38,15 +38,15 @@ from embodichain.core.training.strategies import ValidationFailed
 
 def validation_setup(config: Any, evaluate: Any, callbacks: Sequence[ValidationCallback],
                      best: Best | tuple[str, str] | None, policy: MakePolicy | None,
-                     success: Success | None
+                     success: Success | None, judge: MakeJudge | None = None
                      ) -> tuple[ClosedLoopEvaluation | None, Best, list[ValidationCallback]]:
     """A trainer's closed loop: the recipe's evaluation section with the factory's policy
-    (refused, exit 2, before training without a policy or a buildable environment); its best
-    metric: the recipe's trainer.best, else the factory's `best`, else the success rate of a
-    closed loop alone (higher is better), else validation/mse; its callbacks, with
-    `trainer.save_best`'s SaveBest appended last, so that the factory's own keep their
-    checkpoint keys whether or not it is on."""
-    closed_loop = closed_loop_of(config, policy, success)
+    and episode judge (refused, exit 2, before training without a policy or a buildable
+    environment); its best metric: the recipe's trainer.best, else the factory's `best`,
+    else the success rate of a closed loop alone (higher is better), else validation/mse;
+    its callbacks, with `trainer.save_best`'s SaveBest appended last, so that the factory's
+    own keep their checkpoint keys whether or not it is on."""
+    closed_loop = closed_loop_of(config, policy, success, judge)
     if best is None and evaluate is None and closed_loop is not None:
         best = SUCCESS_RATE
     chosen = choose_best(config.trainer, best, evaluate is not None or closed_loop is not None)

@@ -39,7 +39,13 @@ if TYPE_CHECKING:
         TrainingError,
         UsageError,
     )
-    from embodichain.core.evaluation.policy import ClosedLoopPolicy, MakePolicy, Success
+    from embodichain.core.evaluation.policy import (
+        ClosedLoopPolicy,
+        EpisodeJudge,
+        MakeJudge,
+        MakePolicy,
+        Success,
+    )
     from embodichain.core.launch.api import build_trainer, load_recipe, train
     from embodichain.core.recipe.data_location import LOCATES_DATA
     from embodichain.core.recipe.evaluation_schema import EnvConfig, EvaluationConfig
@@ -64,7 +70,8 @@ _HOMES = {
     "embodichain.core.data.dataset_source": ("DatasetSource", "file_digest"),
     "embodichain.core.data.samplers": ("EpochSampler", "ReplacementSampler"),
     "embodichain.core.distributed.process_group": ("distributed_run",),
-    "embodichain.core.evaluation.policy": ("ClosedLoopPolicy", "MakePolicy", "Success"),
+    "embodichain.core.evaluation.policy": ("ClosedLoopPolicy", "EpisodeJudge", "MakeJudge",
+                                           "MakePolicy", "Success"),
     "embodichain.core.recipe.evaluation_schema": ("EnvConfig", "EvaluationConfig"),
     "embodichain.core.errors": ("ConfigError", "DataFormatError", "Stopped", "TrainingError",
                                 "UsageError"),
@@ -80,6 +87,8 @@ _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "ClosedLoopPolicy",
+    "EpisodeJudge",
+    "MakeJudge",
     "EnvConfig",
     "EvaluationConfig",
     "MakePolicy",

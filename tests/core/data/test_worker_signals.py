@@ -72,6 +72,30 @@ def test_data_workers_outlive_sigterm_and_sigint_sent_to_them() -> None:
     assert not any(_alive(pid) for pid in workers)  # close() ended them
 
 
+def test_a_stop_signal_between_a_workers_fork_and_its_init_leaves_it_alive(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches the rank forking its data workers with the stop signals unblocked (no
+    `starting_workers` around the start): a SIGTERM that reaches a worker after its fork and
+    before its `worker_init_fn` ignores it kills it, and the rank fails with "a data worker
+    process died" instead of stopping. Here each worker is sent SIGTERM and SIGINT exactly
+    then (by a `worker_init_fn` that signals it before calling `started`): inherited
+    blocked, they stay pending until `started` ignores them, and every batch arrives."""
+    from embodichain.core.data import loader as loader_module
+
+    started = loader_module.started
+
+    def signalled_then_started(worker_id: int) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(os.getpid(), sig)
+        started(worker_id)
+
+    monkeypatch.setattr(loader_module, "started", signalled_then_started)
+    dataset = AugmentingDataset(_corpus(), True, None)
+    expected = [b["x"] for b in _batches(_loader(dataset, workers=0), 4)]
+    got = [b["x"] for b in _batches(_loader(dataset, workers=2), 4)]
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
 def _batches(loader: BatchLoader, n: int) -> list[dict[str, torch.Tensor]]:
     try:
         return [loader.next_batch() for _ in range(n)]

@@ -103,6 +103,24 @@ def _assert_within_bound(reference: Path, continued: Path) -> None:
                     name
 
 
+def _continues_as_uninterrupted(runs: dict[str, Path], cwds: list[Path], procs: list[int],
+                                *args: str, from_to: tuple[int, int]) -> Path:
+    """Run ARGS on the nodes (`procs` ranks each): the examples drawn after update 20 are
+    the uninterrupted run's, the weights at update 40 within BOUND of its, and run.json
+    records the world size's change `from_to` at update 20. The run directory on node 0."""
+    records = cwds[0].parent / "records"
+    records.mkdir()
+    for proc in _nodes(cwds, procs, *args, records=records):
+        assert_ok(proc)
+    assert _records(records) == _records(runs["records"], after=20)
+    run = cwds[0] / RUN
+    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
+    identity = json.loads((run / "run.json").read_text())
+    assert identity["world_size_changes"] == [{"from": from_to[0], "to": from_to[1],
+                                               "at_update": 20}]
+    return run
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The run never interrupted (one process, to update 40, step_20.pt kept) and the run
@@ -152,6 +170,30 @@ def test_two_nodes_onto_one_without_the_other_nodes_files_is_refused_by_name(
     assert "not reachable from any node of this world" in proc.stderr
 
 
+def test_a_newest_snapshot_with_a_shard_on_no_node_gives_way_to_a_complete_one(
+        runs: dict[str, Path], tmp_path: Path) -> None:
+    """2 nodes → node 0 alone, holding node 1's shard of update 20 but not of update 40.
+    Catches the start-up check dropping an unreachable shard's problem (`_parts_elsewhere`
+    without its `unreachable(...)`): the newest snapshot then passed as complete, so the run
+    was called done at update 40 and nothing trained (where its only refusal was the
+    restore's, which told it from the start-up's by message text alone). The snapshot of
+    update 20, complete on this node, must be taken instead, and the run continue from it as
+    the uninterrupted run did."""
+    nodes = shutil.copytree(runs["two_nodes"], tmp_path / "nodes")
+    run = nodes / "node0" / RUN
+    for shard in (nodes / "node1" / RUN / "shards").glob("step_20.*"):
+        shutil.copy2(shard, run / "shards" / shard.name)
+    shutil.rmtree(nodes / "node1")
+    records = tmp_path / "records"
+    records.mkdir()
+    assert_ok(run_cli("resume", RUN, "--no-progress", cwd=nodes / "node0",
+                      env=data_env(RECORD_DIR=str(records))))
+    assert _records(records) == _records(runs["records"], after=20)
+    identity = json.loads((run / "run.json").read_text())
+    assert identity["world_size_changes"] == [{"from": 2, "to": 1, "at_update": 20}]
+    _assert_within_bound(runs["reference"] / "last.pt", run / "last.pt")
+
+
 def test_one_node_onto_two_with_node_b_empty_continues(runs: dict[str, Path],
                                                        tmp_path: Path) -> None:
     """1 node of 1 rank → 2 nodes of 1 rank each, node B holding nothing (the checkpoint
@@ -161,16 +203,8 @@ def test_one_node_onto_two_with_node_b_empty_continues(runs: dict[str, Path],
     run."""
     cwds = _cwds(tmp_path)
     shutil.copytree(runs["reference"], cwds[0] / "reference")
-    records = tmp_path / "records"
-    records.mkdir()
-    for proc in _nodes(cwds, [1, 1], "train-sl", "--config", "r.yaml", "--resume",
-                       "reference/step_20.pt", records=records):
-        assert_ok(proc)
-    assert _records(records) == _records(runs["records"], after=20)
-    run = cwds[0] / RUN
-    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
-    identity = json.loads((run / "run.json").read_text())
-    assert identity["world_size_changes"] == [{"from": 1, "to": 2, "at_update": 20}]
+    _continues_as_uninterrupted(runs, cwds, [1, 1], "train-sl", "--config", "r.yaml",
+                                "--resume", "reference/step_20.pt", from_to=(1, 2))
 
 
 def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, Path],
@@ -180,16 +214,8 @@ def test_old_shard_of_node_b_found_where_node_b_runs_more_ranks(runs: dict[str, 
     shard 1 and refused it as missing, though node B holds it; the re-cut then reads it on
     node B and sends rows to node A's ranks."""
     cwds = _at_update_20(runs, tmp_path / "nodes")
-    records = tmp_path / "records"
-    records.mkdir()
-    for proc in _nodes(cwds, [2, 2], "resume", RUN, "--set", "trainer.max_updates=40",
-                       records=records):
-        assert_ok(proc)
-    assert _records(records) == _records(runs["records"], after=20)
-    run = cwds[0] / RUN
-    _assert_within_bound(runs["reference"] / "last.pt", _gathered(run, cwds[1] / RUN))
-    identity = json.loads((run / "run.json").read_text())
-    assert identity["world_size_changes"] == [{"from": 2, "to": 4, "at_update": 20}]
+    run = _continues_as_uninterrupted(runs, cwds, [2, 2], "resume", RUN, "--set",
+                                      "trainer.max_updates=40", from_to=(2, 4))
     assert read_checkpoint(run / "last.pt")["manifest"]["world_size"] == 4
 
 

@@ -81,7 +81,7 @@ def test_missing_tensorboard_is_refused_before_training(tmp_path: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", run, **{"trainer.loggers": BOTH})
     proc = run_cli("train-sl", "--config", str(recipe), env=worker_env(PYTHONPATH=str(fake)))
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'embodichain[tensorboard]'" in proc.stderr
+    assert "pip install 'embodichain-sl[tensorboard]'" in proc.stderr
     assert proc.stderr.count("error:") == 1 and "Traceback" not in proc.stderr
     assert not run.exists()
 

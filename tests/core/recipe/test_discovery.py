@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import embodichain
 from embodichain.core.recipe.discovery import (
     FactoryError,
     FactoryInfo,
@@ -81,7 +82,7 @@ def test_entry_points_of_an_installed_distribution_are_listed(plugin_path):
     assert "throwaway_broken" in found  # listed without being imported
     assert "throwaway_broken" not in sys.modules
     assert "unrelated" not in found  # other groups are not factories
-    assert found["sl_ddp"].distribution == "embodichain"  # the built-in, same mechanism
+    assert found["sl_ddp"].distribution == embodichain.DISTRIBUTION  # the built-in, same mechanism
 
 
 def test_a_registered_factory_resolves_by_name(plugin_path):

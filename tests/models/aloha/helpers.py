@@ -5,30 +5,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from tests.support.processes import REPO
+from tests.support.recipes import write_recipe
 
 EXAMPLE = REPO / "examples" / "learning" / "aloha" / "transfer_cube.yaml"
 UPDATES = 6
 
+SHRUNK = {"device": "cpu", "trainer.batch_size": 4, "trainer.global_batch_size": 8,
+          "trainer.max_updates": UPDATES, "trainer.save_every": 3,
+          "trainer.validate_every": UPDATES, "trainer.log_every": 1,
+          "scheduler.warmup_updates": 2, "model.hidden": 32, "model.heads": 4,
+          "model.feedforward": 64, "data.chunk": 10, "evaluation.episodes": 2,
+          "evaluation.max_steps": 25, "evaluation.envs_per_rank": 1}
+
 
 def tiny_recipe(path: Path, data: Path, output_dir: Path, **changes: object) -> Path:
     """The example recipe, shrunk; `changes` as dotted keys (`data.task="insertion"`)."""
-    recipe = yaml.safe_load(EXAMPLE.read_text())
-    recipe["device"] = "cpu"
-    recipe["trainer"].update({"batch_size": 4, "global_batch_size": 8, "max_updates": UPDATES,
-                              "save_every": 3, "validate_every": UPDATES, "log_every": 1,
-                              "output_dir": str(output_dir)})
-    recipe["scheduler"]["warmup_updates"] = 2
-    recipe["model"].update({"hidden": 32, "heads": 4, "feedforward": 64})
-    recipe["data"].update({"root": str(data), "chunk": 10})
-    recipe["evaluation"].update({"episodes": 2, "max_steps": 25, "envs_per_rank": 1})
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split(".")
-        node = recipe
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
+    return write_recipe(path, output_dir, base=EXAMPLE,
+                        **{**SHRUNK, "data.root": str(data), **changes})

@@ -32,19 +32,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return root, report
 
 
-@pytest.mark.parametrize("task", sorted(TASKS))
-def test_the_scripted_expert_succeeds_in_the_joint_space_replay(recorders, task: str) -> None:
-    """Catches an expert that no longer reaches the top reward in the scene the policy is
-    judged in: a broken end-effector scene (MuJoCo 3's soft welds leave the gripper's
-    orientation loose), waypoints planned from the wrong objects, or a replay that differs
-    from the expert's run (gripper commands not substituted for the gripper joints). Each
-    episode stops at its first success."""
-    for seed in (0, 1):
-        demo = recorders[task].demonstrate(seed, stop_at_success=True)
-        assert demo.success, (task, seed, demo.rewards.max())
-        assert len(demo.action) < 400 and demo.rewards[-1] == 4
-
-
 def test_prepare_records_lerobot_v30_read_back_equal_to_what_was_recorded(
         recorders, dataset) -> None:
     """Catches rows stored out of order, in another dtype or shape, a wrong fps, task text or
@@ -53,6 +40,7 @@ def test_prepare_records_lerobot_v30_read_back_equal_to_what_was_recorded(
     same seeds (the physics is deterministic), frame by frame."""
     root, report = dataset
     assert report["seeds"] == list(SEEDS) and report["expert_success_rate"] == 1.0
+    assert report["expert_finish_rate"] == 1.0  # the seeds CI records finish the task
     assert max(report["seeds"]) < EVAL_SEED
     info = json.loads((root / "meta/info.json").read_text())
     assert info["codebase_version"] == "v3.0" and info["fps"] == 50
@@ -67,6 +55,8 @@ def test_prepare_records_lerobot_v30_read_back_equal_to_what_was_recorded(
         stored = frames.tables.columns[key]
         expected = np.concatenate([getattr(d, attribute) for d in recorded])
         assert stored.dtype == np.float32 and np.array_equal(stored, expected), key
+    cubes = frames.tables.columns["observation.environment_state"][399::400]
+    assert (cubes[:, 2] > 0.1).all()  # each episode ends with the cube held off the table
     example = frames[400 + 17]  # episode 1, frame 17
     assert torch.equal(example["observation.state"], torch.from_numpy(recorded[1].state[17]))
     assert int(example["episode_index"]) == 1 and int(example["frame_index"]) == 17

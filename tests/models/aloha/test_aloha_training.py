@@ -39,12 +39,15 @@ def reference(demonstrations: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.mark.slow  # torchrun workers and a simulator
 def test_two_ranks_train_and_judge_the_policy_closed_loop(reference: Path) -> None:
-    """Catches a recipe whose validation never runs the policy in the MuJoCo scene, a best
-    metric other than the success rate maximised, and a loss not masked by action_is_pad
+    """Catches a recipe whose validation never runs the policy in the MuJoCo scene, or
+    without the strict verdicts beside the field's, a best metric other than the success
+    rate maximised, and a loss not masked by action_is_pad
     (the recorded weight is the number of real steps of the global batch)."""
     records = comparable_records(reference)
     final = [r for r in records if "validation/success_rate" in r][-1]
     assert final["step"] == UPDATES and final["validation/episode_length"] > 0
+    assert {"validation/strict_success_rate", "validation/success_300_rate",  # ALOHA's judge
+            "validation/strict_success_300_rate"} <= final.keys()
     episodes = [json.loads(line) for line in
                 (reference / f"evaluations/update_{UPDATES:06d}.jsonl").read_text().splitlines()]
     assert sorted(e["seed"] for e in episodes if "seed" in e) == [100000, 100001], episodes
@@ -127,28 +130,30 @@ def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
 
 
 def test_a_camera_policy_sees_environment_frames_as_the_dataset_gives_them() -> None:
-    """Catches camera frames passed to the policy in the environment's layout (uint8
-    `[B, H, W, 3]`) rather than the dataset's (float `[B, 3, H, W]` in [0, 1]), and a camera
-    path that ignores the image: the executed action is the chunk of the converted frame,
-    and another frame changes it."""
-    stats = {k: {"mean": torch.zeros(d), "std": torch.ones(d)} for k, d in
-             (("observation.state", 14), ("observation.environment_state", 7), ("action", 14))}
+    """Catches camera frames read in another layout or scale than the dataset's (uint8
+    `[B, H, W, 3]` as gym-aloha gives them against float `[B, 3, h, w]` in [0, 1] as the
+    dataset decodes them, averaged down by whole blocks), a camera policy that needs the
+    objects' poses (gym-aloha's `pixels_agent_pos` has none: read under lerobot's names),
+    and a camera path that ignores the image: the executed action is the chunk of the
+    converted frame, and another frame changes it."""
+    stats = {k: {"mean": torch.zeros(14), "std": torch.ones(14)}
+             for k in ("observation.state", "action")}
     torch.manual_seed(0)
-    model = ActPolicy(ActShape(14, 7, 14, 3, cameras=("top",), hidden=16, heads=2,
-                               feedforward=32, channels=4), stats).eval()
-    frames = np.random.default_rng(0).integers(0, 256, (2, 24, 32, 3), dtype=np.uint8)
-    obs = {"observation.state": np.zeros((2, 14), np.float32),
-           "observation.environment_state": np.zeros((2, 7), np.float32),
-           "observation.images.top": frames}
+    model = ActPolicy(ActShape(14, 0, 14, 3, cameras=("top",), hidden=16, heads=2,
+                               feedforward=32, channels=4, image_sizes=((24, 32),),
+                               frame_size=(48, 64), image_shift=2), stats).eval()
+    assert model.observation_keys() == ["observation.state", "observation.images.top"]
+    assert model.interface()["observations"]["observation.images.top"]["dtype"] == "uint8"
+    frames = np.random.default_rng(0).integers(0, 256, (2, 48, 64, 3), dtype=np.uint8)
+    obs = {"pixels": {"top": frames}, "agent_pos": np.zeros((2, 14))}
     acted = ChunkExecution(model.act_chunk, model.observation_keys(), 3,
                            horizon=3).act(obs)
-    image = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
+    image = torch.nn.functional.avg_pool2d(
+        torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255, 2)
     expected = model.act_chunk({"observation.state": torch.zeros(2, 14),
-                                "observation.environment_state": torch.zeros(2, 7),
                                 "observation.images.top": image})[:, 0]
     assert np.allclose(acted, expected.numpy(), atol=1e-6)
     other = model.act_chunk({"observation.state": torch.zeros(2, 14),
-                             "observation.environment_state": torch.zeros(2, 7),
                              "observation.images.top": image.flip(-1)})[:, 0]
     assert not torch.allclose(other, expected)
 

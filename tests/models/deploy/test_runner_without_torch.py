@@ -19,8 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.support import assert_ok, factories_env, run_cli, write_recipe
-from tests.support.cli import invoke
+from tests.support.cli import export_deploying
 
 pytestmark = pytest.mark.slow  # a venv made by pip on the first run (~1 min), then cached
 
@@ -96,15 +95,8 @@ def test_onnx_runner_needs_only_onnxruntime_and_numpy(
     without them), and a temporal ensembling that weights the newest prediction first,
     forgets a slot's reset, or resets every slot: its actions over 6 steps of 2 episodes
     equal ACT's ensembling of the checkpoint model's chunks written out here."""
-    recipe = tmp_path / "r.yaml"
-    write_recipe(recipe, tmp_path / "run", **{"factory": "deploying:chunked",
-                                              "trainer.max_updates": 2,
-                                              "trainer.save_every": 2})
-    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
-                      env=factories_env()))
-    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "factories"))
     artifact = tmp_path / "policy.onnx"
-    result = invoke("export", str(tmp_path / "run"), "--policy", str(artifact))
+    result = export_deploying(tmp_path, "chunked", artifact, monkeypatch)
     assert result.exit_code == 0, result.output
 
     x = np.random.default_rng(0).standard_normal((STEPS, 2, 4)).astype(np.float32)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 TENSORBOARD_DIR = "tensorboard"
-TENSORBOARD_HINT = "pip install 'embodichain[tensorboard]'"
+TENSORBOARD_HINT = "pip install 'embodichain-sl[tensorboard]'"
 
 
 def tensorboard_problem() -> str | None:

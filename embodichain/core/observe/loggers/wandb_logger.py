@@ -18,7 +18,7 @@ from typing import Any
 
 from embodichain.core.runs.run_dir import read_run_json, update_run_json
 
-WANDB_HINT = "pip install 'embodichain[wandb]'"
+WANDB_HINT = "pip install 'embodichain-sl[wandb]'"
 STEPS_FILE = "wandb.steps"
 DEFAULT_PROJECT = "embodichain"
 

@@ -16,7 +16,12 @@ from embodichain_models.data.lerobot.metadata import read_meta
 from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
 from embodichain_models.policies.aloha.scene import Scene
 from embodichain_models.policies.aloha.schema import ActConfig
-from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS, AlohaTask
+from embodichain_models.policies.aloha.tasks import (
+    CAMERA_FRAME,
+    JOINT_NAMES,
+    TASKS,
+    AlohaTask,
+)
 
 
 @dataclass
@@ -41,24 +46,39 @@ def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
 
 
 def check_evaluation(config: Any, task: AlohaTask) -> None:
-    """The evaluation section, when it runs an ALOHA environment, runs data.task."""
+    """The evaluation section, when it runs an ALOHA environment (ours or gym-aloha's
+    registered one), runs data.task and observes what the policy reads: a state policy our
+    environment's state, a camera policy `obs_type: pixels_agent_pos` (the top camera)."""
     evaluation = getattr(config, "evaluation", None)
     if evaluation is None:
         return
     env = evaluation.env
     named = env.kwargs.get("task")
-    by_id = {t.gym_id: t.name for t in TASKS.values()}.get(env.id or "")
+    ours = {t.gym_id: t.name for t in TASKS.values()}
+    theirs = {t.gym_aloha_id: t.name for t in TASKS.values()}
+    by_id = {**ours, **theirs}.get(env.id or "")
     for where, name in (("evaluation.env.kwargs.task", named), ("evaluation.env.id", by_id)):
         if name is not None and name != task.name:
             raise UsageError(f"{where} runs task {name!r}, but data.task is {task.name!r}: "
                              "the policy would be judged on a task it never saw")
     if not (by_id or named):
         return
-    cameras = list(env.kwargs.get("cameras", []))
-    if sorted(cameras) != sorted(config.data.cameras):
-        raise UsageError(f"evaluation.env.kwargs.cameras {cameras} differs from data.cameras "
-                         f"{config.data.cameras}: the environment must render what the "
-                         "policy reads")
+    wanted = config.data.cameras
+    obs_type = env.kwargs.get("obs_type", "pixels" if env.id in theirs else "state")
+    if wanted:
+        if obs_type != "pixels_agent_pos" or sorted(wanted) != ["top"]:
+            raise UsageError(f"data.cameras {wanted}: a camera policy sees gym-aloha's "
+                             "pixels_agent_pos (the top camera and the joint positions): "
+                             "set data.cameras: [top] and evaluation.env.kwargs.obs_type: "
+                             f"pixels_agent_pos (it is {obs_type!r})")
+        cameras = ["top"]
+    else:
+        if obs_type != "state" or env.kwargs.get("cameras"):
+            raise UsageError(f"evaluation.env observes {obs_type!r}"
+                             f"{' with cameras' if env.kwargs.get('cameras') else ''}, but "
+                             "the policy reads state only (data.cameras is empty): drop "
+                             "evaluation.env.kwargs.obs_type/cameras or record a camera")
+        cameras = []
     filmed = [env.kwargs.get("render_camera", "top")] if evaluation.videos else []
     if cameras or filmed:  # rendering must work here, not fail every episode later
         scene = Scene(task)
@@ -72,8 +92,9 @@ def act_data(config: ActConfig) -> ActData:
     meta = read_meta(data.root)
     check_task(task, meta.tasks, data.root)
     features = meta.features
-    wanted = {STATE: [len(JOINT_NAMES)], ENV_STATE: [len(task.env_state_names)],
-              ACTION: [len(JOINT_NAMES)]}
+    wanted = {STATE: [len(JOINT_NAMES)], ACTION: [len(JOINT_NAMES)]}
+    if not data.cameras:  # privileged state: the objects' poses too
+        wanted[ENV_STATE] = [len(task.env_state_names)]
     for key, shape in wanted.items():
         if key not in features or list(features[key]["shape"]) != shape:
             found = features[key]["shape"] if key in features else "absent"
@@ -87,7 +108,14 @@ def act_data(config: ActConfig) -> ActData:
             raise UsageError(f"data.cameras: {str(data.root)!r} has no camera {camera!r} "
                              f"(it has: {', '.join(have) or 'none'}); record one with "
                              "prepare --cameras")
-        sizes[camera] = tuple(int(v) for v in features[key]["shape"][:2])
+        height, width = (int(v) for v in features[key]["shape"][:2])
+        if CAMERA_FRAME[0] % height or CAMERA_FRAME[1] % width:
+            raise UsageError(f"data.cameras: {str(data.root)!r} holds {camera!r} frames of "
+                             f"{height}x{width}, not a whole fraction of the camera's "
+                             f"{CAMERA_FRAME[0]}x{CAMERA_FRAME[1]} (the policy averages "
+                             "the camera's frames down to the dataset's): record with "
+                             "prepare --size 480x640, 240x320 or 120x160")
+        sizes[camera] = (height, width)
     options = {"delta_timestamps": {ACTION: [i / meta.fps for i in range(data.chunk)]},
                "features": [*wanted, *(IMAGE_PREFIX + c for c in data.cameras)]}
     indices = [e.index for e in meta.episodes]

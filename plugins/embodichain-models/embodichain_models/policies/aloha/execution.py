@@ -9,8 +9,12 @@ and returns one action per slot, either
   (m = 0.01 in ACT: older predictions weigh slightly more), or
 - a fixed horizon h: a chunk's first h actions are executed, then a new chunk is taken.
 
-`chunk_fn` maps a dict of batched float32 tensors (the observation keys) to the raw chunk
-`[B, chunk, action_dim]` (the model's `act_chunk`, or an exported deployable forward).
+`chunk_fn` maps a dict of batched tensors (the observation keys: float32, camera frames
+uint8 `[B, H, W, 3]` as the environment gives them) to the raw chunk `[B, chunk, action_dim]`
+(the model's `act_chunk`, or an exported deployable forward). The observation keys are the
+dataset's; gym-aloha's `pixels_agent_pos` observation is read under lerobot's names for it
+(`agent_pos` is `observation.state`, `pixels[c]` is `observation.images.c`), so the same
+policy acts in our environments and in gym-aloha's own, unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class ChunkExecution:
         self.slots[env_index] = _Slot()
 
     def act(self, observations: Mapping[str, Any]) -> np.ndarray:
-        inputs = {k: _tensor(observations[k], self.device) for k in self.keys}
+        inputs = {k: _tensor(observed(observations, k), self.device) for k in self.keys}
         chunks = self.chunk_fn(inputs).detach().to("cpu", torch.float64).numpy()
         actions = []
         for i, chunk in enumerate(chunks):
@@ -73,9 +77,26 @@ class _Slot:
         return plan[self.t - t0]
 
 
+STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."
+
+
+def observed(observations: Mapping[str, Any], key: str) -> Any:
+    """The observation `key` (a dataset feature's name), or gym-aloha's `pixels_agent_pos`
+    entry for it (lerobot's mapping: `agent_pos`, `pixels[camera]`)."""
+    if key in observations:
+        return observations[key]
+    if key == STATE_KEY and "agent_pos" in observations:
+        return observations["agent_pos"]
+    camera = key[len(IMAGE_PREFIX):] if key.startswith(IMAGE_PREFIX) else None
+    pixels = observations.get("pixels")
+    if camera is not None and isinstance(pixels, Mapping) and camera in pixels:
+        return pixels[camera]
+    raise KeyError(f"the policy reads {key!r}: the observation has {list(observations)}")
+
+
 def _tensor(value: Any, device: torch.device) -> torch.Tensor:
+    """A batched observation as the policy takes it: camera frames (uint8) as they come, the
+    rest as float32 (gym-aloha's agent_pos is float64)."""
     array = np.asarray(value)
     tensor = torch.from_numpy(np.ascontiguousarray(array))
-    if array.dtype == np.uint8 and array.ndim == 4:  # camera frames [B, H, W, 3] -> [B, 3, H, W]
-        tensor = tensor.permute(0, 3, 1, 2).float().div_(255.0)
-    return tensor.to(device, torch.float32)
+    return tensor.to(device, torch.uint8 if array.dtype == np.uint8 else torch.float32)

@@ -5,7 +5,16 @@ interpolated between waypoints (quaternions component-wise, as the original does
 
 The waypoints are those of ACT's `scripted_policy.py` (transfer-cube: the right arm picks
 the cube and meets the left, which takes it; insertion: the right arm picks the peg, the
-left the socket, and they meet in the middle)."""
+left the socket, and they meet in the middle), with one change to the hand-over (R-ALOHA-2):
+ACT's left arm sets off for the meeting point at step 100 and reaches it at 260, while the
+right arm brings the cube there by 220. In the joint-space scene, whose demonstrations are
+recorded, the right gripper holds the cube 2-3 cm higher than in the end-effector scene
+(there it slides down the loosening grip), so the arriving left's finger bumps the cube
+while it is still moving (the first reward 4, steps 205-212) and pushes it aside; the
+fingers then close beside it and the cube falls when the right lets go: 0 of 50 replays
+ended with the cube held. Here the left waits at its approach point until the right holds
+the cube at the meeting point (`HANDOVER_STEP`), then reaches it by 260 as ACT's does:
+50 of 50 hold it at the end. ACT's timing is otherwise kept."""
 
 from __future__ import annotations
 
@@ -68,10 +77,16 @@ def _wp(t: int, xyz: np.ndarray, quat: np.ndarray, gripper: float) -> Waypoint:
                     gripper)
 
 
+HANDOVER_STEP = 220
+"""The right arm holds the cube at the meeting point from this step on; the left waits
+for it at its approach point until then."""
+
+
 def transfer_cube(left: np.ndarray, right: np.ndarray, objects: np.ndarray) -> WaypointExpert:
     """Right arm: over the cube, down, close, to the meeting point, open, away. Left arm:
-    to the meeting point, close on the cube, away. `left`/`right`: the mocap poses (xyz,
-    quaternion) at the start; `objects`: the cube's pose."""
+    to its approach point, waits there for the cube, to the meeting point, close on the
+    cube, away. `left`/`right`: the mocap poses (xyz, quaternion) at the start;
+    `objects`: the cube's pose."""
     cube = objects[:3]
     pick = multiply(right[3:], quaternion((0, 1, 0), -60))
     meet_quat = quaternion((1, 0, 0), 90)
@@ -80,6 +95,7 @@ def transfer_cube(left: np.ndarray, right: np.ndarray, objects: np.ndarray) -> W
     return WaypointExpert(
         left=[_wp(0, left[:3], left[3:], 0),
               _wp(100, meet + [-0.1, 0, -0.02], meet_quat, 1),   # approach the meeting point
+              _wp(HANDOVER_STEP, meet + [-0.1, 0, -0.02], meet_quat, 1),  # wait there
               _wp(260, meet + [0.02, 0, -0.02], meet_quat, 1),   # reach it
               _wp(310, meet + [0.02, 0, -0.02], meet_quat, 0),   # close on the cube
               _wp(360, meet + [-0.1, 0, -0.02], level, 0),       # pull it away

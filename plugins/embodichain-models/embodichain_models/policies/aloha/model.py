@@ -1,11 +1,15 @@
 """The action-chunking transformer (ACT, Zhao et al. 2023), sized for CPUs.
 
-From the current observation (joint positions, object poses and, when the dataset has
-cameras, each camera's image through a small convolutional encoder into a grid of tokens),
-a transformer encoder reads one token per input (plus the CVAE's latent token); a decoder
-with `chunk` learned queries cross-attends to it and predicts the next `chunk` joint
-targets. Inputs and actions are normalised by the dataset's mean and std, held as buffers,
-so the model itself maps raw observations to raw actions (`deployable()`).
+From the current observation, a transformer encoder reads one token per input (plus the
+CVAE's latent token); a decoder with `chunk` learned queries cross-attends to it and
+predicts the next `chunk` joint targets. A state policy reads the joint positions and the
+objects' poses (privileged state); a camera policy reads the joint positions and its
+cameras only (gym-aloha's `pixels_agent_pos`: never object poses), each camera through a
+ResNet-18-style backbone (`backbone.py`) whose last feature map is a grid of tokens, as
+ACT's. Inputs and actions are normalised by the dataset's mean and std, held as buffers,
+and a camera frame is taken as the camera gives it (uint8 `[H, W, 3]`, gym-aloha's 480x640)
+and resized in the model (`frames_in`), so the model itself maps raw observations to raw
+actions (`deployable()`).
 
 Training (`objective`): the L1 error of the normalised chunk over the steps inside the
 episode (`action_is_pad` masks the rest), plus, with the CVAE (`cvae: true`), `kl_weight`
@@ -22,10 +26,10 @@ import torch
 from torch import nn
 
 from embodichain.learning.sl import LossResult
+from embodichain_models.policies.aloha.backbone import ResNetEncoder, frames_in, random_shift
 
 STATE, ENV_STATE, ACTION = "observation.state", "observation.environment_state", "action"
 IMAGE_PREFIX = "observation.images."
-IMAGE_GRID = (6, 8)  # tokens per camera: the conv features pooled to this grid
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,12 @@ class ActShape:
     fps: int = 50
     execution: dict[str, float] = field(default_factory=lambda: {"temporal_ensemble": 0.01})
     image_sizes: tuple[tuple[int, int], ...] = ()
-    """(height, width) of each camera's frames, as `cameras` (for the interface)."""
+    """(height, width) the backbone sees of each camera, as `cameras` (the dataset's frames;
+    a larger frame is averaged down to it by an integer factor)."""
+    frame_size: tuple[int, int] = (480, 640)
+    """(height, width) of the frames the deployed policy takes (gym-aloha's cameras')."""
+    image_shift: int = 0
+    """Random shift augmentation in training (pixels at the backbone's resolution)."""
 
 
 def _layers(hidden: int, heads: int, ff: int, dropout: float, n: int,
@@ -60,21 +69,6 @@ def _layers(hidden: int, heads: int, ff: int, dropout: float, n: int,
     stack = nn.TransformerDecoder if decoder else nn.TransformerEncoder
     kwargs = {} if decoder else {"enable_nested_tensor": False}
     return stack(layer, n, **kwargs)
-
-
-class CameraEncoder(nn.Module):
-    """An image `[B, 3, H, W]` in [0, 1] to `IMAGE_GRID` tokens `[B, cells, hidden]`."""
-
-    def __init__(self, channels: int, hidden: int) -> None:
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Conv2d(3, channels, 5, stride=2, padding=2), nn.ReLU(),
-            nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(2 * channels, hidden, 3, stride=2, padding=1), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(IMAGE_GRID))
-
-    def forward(self, image: torch.Tensor) -> torch.Tensor:
-        return self.net((image - 0.5) / 0.25).flatten(2).transpose(1, 2)
 
 
 class ActPolicy(nn.Module):
@@ -88,15 +82,20 @@ class ActPolicy(nn.Module):
         h = s.hidden
         for key, name, floor in ((STATE, "state", 1e-2), (ENV_STATE, "env", 1e-2),
                                  (ACTION, "action", 1e-3)):
+            if key == ENV_STATE and not s.env_dim:
+                continue
             mean = torch.as_tensor(stats[key]["mean"], dtype=torch.float32).reshape(-1)
             std = torch.as_tensor(stats[key]["std"], dtype=torch.float32).reshape(-1)
             self.register_buffer(f"{name}_mean", mean)
             self.register_buffer(f"{name}_std", std.clamp_min(floor))
         self.state_in = nn.Linear(s.state_dim, h)
-        self.env_in = nn.Linear(s.env_dim, h)
-        self.cameras = nn.ModuleDict({c: CameraEncoder(s.channels, h) for c in s.cameras})
-        cells = IMAGE_GRID[0] * IMAGE_GRID[1]
-        self.encoder_pos = nn.Parameter(torch.zeros(1, 3 + cells * len(s.cameras), h))
+        if s.env_dim:  # a camera policy never sees the objects' poses
+            self.env_in = nn.Linear(s.env_dim, h)
+        sizes = dict(zip(s.cameras, s.image_sizes, strict=True))
+        self.cameras = nn.ModuleDict({c: ResNetEncoder(s.channels, h, sizes[c])
+                                      for c in s.cameras})
+        cells = sum(encoder.cells for encoder in self.cameras.values())
+        self.encoder_pos = nn.Parameter(torch.zeros(1, 2 + bool(s.env_dim) + cells, h))
         self.latent_in = nn.Linear(s.latent_dim, h)
         self.encoder = _layers(h, s.heads, s.feedforward, s.dropout, s.encoder_layers)
         self.queries = nn.Parameter(torch.zeros(1, s.chunk, h))
@@ -112,10 +111,23 @@ class ActPolicy(nn.Module):
         for p in (self.encoder_pos, self.queries, *([self.style_pos] if s.cvae else [])):
             nn.init.normal_(p, std=0.02)
 
-    def normalised(self, observations: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    def normalised(self, observations: dict[str, torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
         state = (observations[STATE].float() - self.state_mean) / self.state_std
+        if not self.shape.env_dim:
+            return state, None
         env = (observations[ENV_STATE].float() - self.env_mean) / self.env_std
         return state, env
+
+    def image(self, camera: str, frames: torch.Tensor) -> torch.Tensor:
+        """A camera's frames (uint8 `[B, H, W, 3]` as the camera gives them, or float
+        `[B, 3, h, w]` in [0, 1] as the dataset decodes them) at the backbone's size, in
+        [0, 1], shifted at random in training."""
+        size = self.cameras[camera].size
+        images = frames_in(frames, size)
+        if self.training and self.shape.image_shift:
+            images = random_shift(images, self.shape.image_shift)
+        return images
 
     def forward(self, observations: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
                 is_pad: torch.Tensor | None = None
@@ -135,9 +147,11 @@ class ActPolicy(nn.Module):
             latent = mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
         else:
             latent = state.new_zeros(batch, s.latent_dim)
-        tokens = [self.latent_in(latent).unsqueeze(1), self.state_in(state).unsqueeze(1),
-                  self.env_in(env).unsqueeze(1)]
-        tokens += [self.cameras[c](observations[IMAGE_PREFIX + c].float()) for c in s.cameras]
+        tokens = [self.latent_in(latent).unsqueeze(1), self.state_in(state).unsqueeze(1)]
+        if env is not None:
+            tokens.append(self.env_in(env).unsqueeze(1))
+        tokens += [self.cameras[c](self.image(c, observations[IMAGE_PREFIX + c]))
+                   for c in s.cameras]
         memory = self.encoder(torch.cat(tokens, 1) + self.encoder_pos)
         out = self.decoder(self.queries.expand(batch, -1, -1), memory)
         return self.head(out), mu, logvar
@@ -148,7 +162,8 @@ class ActPolicy(nn.Module):
         return self(observations)[0] * self.action_std + self.action_mean
 
     def observation_keys(self) -> list[str]:
-        return [STATE, ENV_STATE, *(IMAGE_PREFIX + c for c in self.shape.cameras)]
+        return [STATE, *([ENV_STATE] if self.shape.env_dim else []),
+                *(IMAGE_PREFIX + c for c in self.shape.cameras)]
 
     def deployable(self) -> nn.Module:
         """A module mapping raw float32 observation tensors (positional, in the order of
@@ -161,14 +176,16 @@ class ActPolicy(nn.Module):
         observations = {
             STATE: {"shape": [s.state_dim], "dtype": "float32",
                     "meaning": "joint positions (6 per arm, radians) and grippers (0 closed, "
-                               "1 open), left arm first"},
-            ENV_STATE: {"shape": [s.env_dim], "dtype": "float32",
-                        "meaning": "object poses: xyz (m) and quaternion wxyz per object"}}
-        sizes = dict(zip(s.cameras, s.image_sizes, strict=False))
+                               "1 open), left arm first (gym-aloha's agent_pos)"}}
+        if s.env_dim:
+            observations[ENV_STATE] = {
+                "shape": [s.env_dim], "dtype": "float32",
+                "meaning": "object poses: xyz (m) and quaternion wxyz per object"}
         for c in s.cameras:
-            height, width = sizes.get(c, ("H", "W"))
-            observations[IMAGE_PREFIX + c] = {"shape": [3, height, width], "dtype": "float32",
-                                              "meaning": f"camera {c!r}, RGB in [0, 1]"}
+            observations[IMAGE_PREFIX + c] = {
+                "shape": [*s.frame_size, 3], "dtype": "uint8",
+                "meaning": f"camera {c!r}, RGB as the camera gives it (gym-aloha's "
+                           f"pixels[{c!r}]); resized and normalised inside"}
         return {"observations": observations,
                 "action": {"key": ACTION, "shape": [s.chunk, s.action_dim],
                            "meaning": "joint targets, as observation.state"},
@@ -176,7 +193,8 @@ class ActPolicy(nn.Module):
 
 
 class DeployableAct(nn.Module):
-    """`forward(state, env_state[, images...]) -> chunk`: the policy for export."""
+    """`forward(state[, env_state][, frames...]) -> chunk`: the policy for export (a
+    camera's uint8 frame resized and normalised inside)."""
 
     def __init__(self, policy: ActPolicy) -> None:
         super().__init__()

@@ -2,17 +2,22 @@
 
     python -m embodichain_models.policies.aloha.prepare --task transfer_cube --episodes 50 OUT
     python -m embodichain_models.policies.aloha.prepare --task insertion --episodes 50 \\
-        --cameras top --size 240x320 OUT
+        --cameras top --size 120x160 OUT
 
 (needs `pip install 'embodichain-models[sim]'`). The bimanual expert of ACT runs in the
 end-effector scene and its joint trajectory is replayed in the joint-space scene (see
 `record.py`); each kept episode has 400 steps at 50 fps of `observation.state` (14 joint
 positions), `observation.environment_state` (the objects' poses), `action` (14 joint
 targets) and the task's text, and with `--cameras` each camera as an mp4 video
-(`observation.images.<camera>`, rendered only for these, about 0.1 s a frame on software
-OpenGL). Seeds are tried from `--seed` up until `--episodes` demonstrations succeed (the
-expert's failures are dropped and counted); they must stay below 100000, where evaluation
-seeds begin, so no demonstration is an evaluation episode.
+(`observation.images.<camera>`, as lerobot's `aloha_sim_*` datasets hold
+`observation.images.top`): rendered as gym-aloha renders its cameras (480x640, the scene's
+shadows and reflections: about 0.1 s a frame on software OpenGL) and averaged down to
+`--size` (a whole fraction: 480x640, 240x320, 120x160, ...), as the camera policy averages
+the camera's frames when it acts. Seeds are tried from `--seed` up until `--episodes`
+demonstrations finish the task (done at the last step, R-ALOHA-2; the others are dropped,
+and counted both by the field's verdict, the top reward reached, and by the finish); they
+must stay below 100000, where evaluation seeds begin, so no demonstration is an evaluation
+episode.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 from embodichain.learning.sl import UsageError
 from embodichain_models.policies.aloha.tasks import (
+    CAMERA_FRAME,
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
@@ -36,7 +42,7 @@ from embodichain_models.policies.aloha.tasks import (
 )
 
 IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
-INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success rate
+INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success and finish rates
 
 
 def features(task: AlohaTask, cameras: Sequence[str], size: tuple[int, int]) -> dict:
@@ -59,14 +65,19 @@ def parse_size(text: str) -> tuple[int, int]:
                                          "480x640") from None
     if height < 8 or width < 8:
         raise argparse.ArgumentTypeError(f"--size {text!r}: at least 8x8 pixels")
+    if CAMERA_FRAME[0] % height or CAMERA_FRAME[1] % width:
+        raise argparse.ArgumentTypeError(
+            f"--size {text!r}: a whole fraction of the cameras' {CAMERA_FRAME[0]}x"
+            f"{CAMERA_FRAME[1]} frames (e.g. 480x640, 240x320, 120x160)")
     return height, width
 
 
 def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequence[str] = (),
             size: tuple[int, int] = (480, 640), overwrite: bool = False,
             max_attempts: int | None = None, log=print) -> dict:
-    """Record `episodes` successful demonstrations of `task` at `out`; returns what was
-    done (seeds, attempts, the expert's success rate, seconds per episode)."""
+    """Record `episodes` demonstrations of `task` that finish the task at `out`; returns
+    what was done (seeds, attempts, the expert's field success and finish rates, seconds
+    per episode)."""
     from embodichain_models.data.lerobot.writer import write_dataset
     from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
 
@@ -84,13 +95,18 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
 
     def progress(demo, kept: int, tried: int) -> None:
         if log is not None:
-            log(f"seed {demo.seed}: {'success' if demo.success else 'FAILED (dropped)'} "
-                f"(max reward {demo.rewards.max():g}); {kept}/{episodes} kept of {tried}")
+            verdict = ("finished" if demo.finished else "NOT FINISHED (dropped)") + (
+                "" if demo.success else ", top reward never reached")
+            log(f"seed {demo.seed}: {verdict} (max reward {demo.rewards.max():g}, last "
+                f"{demo.rewards[-1]:g}); {kept}/{episodes} kept of {tried}")
 
-    kept, tried, seconds = recorder.successes(episodes, seed, attempts, progress)
+    kept, attempted, seconds = recorder.finished(episodes, seed, attempts, progress)
+    tried = len(attempted)
+    successes = sum(d.success for d in attempted)
     if len(kept) < episodes:
-        raise UsageError(f"the {task} expert succeeded in {len(kept)} of {tried} attempts: "
-                         f"fewer than the {episodes} asked for (nothing written)")
+        raise UsageError(f"the {task} expert finished the task in {len(kept)} of {tried} "
+                         f"attempts (reached the top reward in {successes}): fewer than the "
+                         f"{episodes} asked for (nothing written)")
     frame_bytes = size[0] * size[1] * 3 * EPISODE_STEPS * max(len(cameras), 1)
     per_file = max(1, min(50, IMAGE_BYTES_PER_FILE // frame_bytes)) if cameras else 50
     start = time.perf_counter()
@@ -99,8 +115,10 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
                   robot_type="aloha", overwrite=overwrite)
     written = time.perf_counter() - start
     report = {"task": spec.name, "text": spec.text, "episodes": len(kept), "attempts": tried,
-              "expert_success_rate": len(kept) / tried, "seeds": [d.seed for d in kept],
-              "failed_seeds": sorted(set(range(seed, seed + tried)) - {d.seed for d in kept}),
+              "expert_success_rate": successes / tried,
+              "expert_finish_rate": sum(d.finished for d in attempted) / tried,
+              "seeds": [d.seed for d in kept],
+              "failed_seeds": [d.seed for d in attempted if not d.finished],
               "seconds_per_attempt": seconds, "seconds_writing": written,
               "cameras": list(cameras), "size": list(size) if cameras else None}
     (out / INFO_FILE).write_text(json.dumps(report, indent=2))
@@ -111,14 +129,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the dataset's root directory")
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
-    parser.add_argument("--episodes", type=int, default=50, help="successful episodes kept")
+    parser.add_argument("--episodes", type=int, default=50,
+                        help="episodes kept (each finishes the task)")
     parser.add_argument("--seed", type=int, default=0, help="the first seed tried")
     parser.add_argument("--cameras", type=lambda text: [c for c in text.split(",") if c],
                         default=[], metavar="CAMERA[,CAMERA...]",
                         help="cameras recorded as video (e.g. top; the scene's: top, angle, "
                              "left_pillar, right_pillar, front_close, left_wrist, right_wrist)")
     parser.add_argument("--size", type=parse_size, default=(480, 640), metavar="HxW",
-                        help="camera frame size, default 480x640")
+                        help="stored frame size: gym-aloha's 480x640 frames averaged down "
+                             "(a whole fraction), default 480x640")
     parser.add_argument("--max-attempts", type=int, default=None,
                         help="seeds tried at most (default 2 x episodes + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
@@ -138,8 +158,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     print(f"wrote {args.out}: {report['episodes']} {args.task} episodes of {EPISODE_STEPS} "
-          f"steps at {FPS} fps; the expert succeeded in {report['episodes']} of "
-          f"{report['attempts']} ({100 * report['expert_success_rate']:.0f}%), "
+          f"steps at {FPS} fps; of {report['attempts']} attempts the expert reached the top "
+          f"reward in {100 * report['expert_success_rate']:.0f}% and finished the task in "
+          f"{100 * report['expert_finish_rate']:.0f}% (kept), "
           f"{report['seconds_per_attempt']:.2f} s per attempt"
           + (f", cameras {', '.join(args.cameras)} ({report['seconds_writing']:.0f} s "
              "rendering and writing)" if args.cameras else ""))

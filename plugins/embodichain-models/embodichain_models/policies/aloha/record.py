@@ -1,12 +1,17 @@
 """Record scripted demonstrations as ACT's data collection does.
 
-For each seed the expert runs in the end-effector (mocap) scene; its joint trajectory, with
-each gripper's joint replaced by the gripper command, is then replayed as joint targets in
-the joint-space scene from the same object poses. What is recorded is the replay: at step
-t the observed joint positions and object poses (and camera frames), and the joint target
-sent (the action). So the observations and actions are those a policy sees and sends in
-the joint-space scene, which is the one the evaluation runs. An episode whose replay never
-reaches the task's top reward is a failure and is not kept.
+For each seed the expert runs in the end-effector (mocap) scene, and its joint positions,
+each gripper's replaced by the gripper command, are sent as joint targets to the
+joint-space scene from the same object poses: the target of step t is the end-effector
+scene's state after t steps, as ACT's `record_sim_episodes.py` replays `joint_traj` (the
+two scenes step side by side; the joint-space scene never acts back on the expert). What
+is recorded is the joint-space scene: at step t the observed joint positions and object
+poses (and camera frames), and the joint target sent (the action), so observations and
+actions are those a policy sees and sends in the scene the evaluation runs.
+
+Two verdicts per episode (R-ALOHA-2): `success`, the field's (the top reward reached at
+some step: ACT's and gym-aloha's), and `finished`, the task still done at the last step
+(`Scene.task_done`). Only finished episodes are kept.
 """
 
 from __future__ import annotations
@@ -20,13 +25,19 @@ import numpy as np
 
 from embodichain_models.policies.aloha.expert import EXPERTS
 from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.tasks import EPISODE_STEPS, MAX_REWARD, AlohaTask
+from embodichain_models.policies.aloha.tasks import (
+    CAMERA_FRAME,
+    EPISODE_STEPS,
+    MAX_REWARD,
+    AlohaTask,
+)
 
 
 @dataclass
 class Demonstration:
-    """One replayed episode: float32 `state [T, 14]`, `env_state [T, 7n]`, `action [T, 14]`,
-    the object poses it started from, and whether it succeeded."""
+    """One recorded episode: float32 `state [T, 14]`, `env_state [T, 7n]`, `action [T, 14]`,
+    the object poses it started from, whether the top reward was reached (`success`) and
+    whether the task was still done at its last step (`finished`)."""
 
     seed: int
     poses: np.ndarray
@@ -37,6 +48,7 @@ class Demonstration:
     rewards: np.ndarray = field(repr=False)
     targets: np.ndarray = field(repr=False)
     """The joint targets sent (float64; `action` is their float32 record)."""
+    finished: bool = False
 
 
 def _target(observation: dict[str, np.ndarray]) -> np.ndarray:
@@ -50,37 +62,6 @@ def _target(observation: dict[str, np.ndarray]) -> np.ndarray:
     return target
 
 
-def expert_joint_trajectory(ee: Scene, seed: int, steps: int) -> np.ndarray:
-    """The expert's run in the end-effector scene as `steps` joint targets `[steps, 14]`."""
-    ee.reset(seed=seed)
-    first = ee.observation
-    expert = EXPERTS[ee.task.name](first["mocap_pose_left"], first["mocap_pose_right"],
-                                   first["env_state"])
-    targets = [_target(first)]
-    for t in range(steps - 1):
-        ee.step(expert(t))
-        targets.append(_target(ee.observation))
-    return np.stack(targets)
-
-
-def replay(scene: Scene, poses: np.ndarray, actions: np.ndarray, seed: int,
-           stop_at: int | None = None) -> Demonstration:
-    """Replay joint targets in the joint-space scene from `poses`; `stop_at` ends early at
-    the first step reaching that reward (tests)."""
-    scene.reset(poses=poses)
-    states, env_states, rewards = [], [], []
-    for action in actions:
-        states.append(scene.qpos.astype(np.float32))
-        env_states.append(scene.env_state.astype(np.float32))
-        rewards.append(scene.step(action))
-        if stop_at is not None and rewards[-1] >= stop_at:
-            break
-    n = len(states)
-    return Demonstration(seed, poses, np.stack(states), np.stack(env_states),
-                         actions[:n].astype(np.float32), max(rewards) >= MAX_REWARD,
-                         np.asarray(rewards), actions[:n])
-
-
 class Recorder:
     """Runs the expert of `task` seed after seed (both scenes built once)."""
 
@@ -90,15 +71,38 @@ class Recorder:
         self.scene = Scene(task)
 
     def demonstrate(self, seed: int, stop_at_success: bool = False) -> Demonstration:
+        """The expert's episode of `seed`; `stop_at_success` ends it at the first step
+        reaching the top reward (tests)."""
         from embodichain_models.policies.aloha.scene import sample_poses
 
-        actions = expert_joint_trajectory(self.ee, seed, self.steps)
-        return replay(self.scene, sample_poses(self.task, seed), actions, seed,
-                      MAX_REWARD if stop_at_success else None)
+        ee, scene = self.ee, self.scene
+        poses = sample_poses(self.task, seed)
+        ee.reset(poses=poses)
+        scene.reset(poses=poses)
+        first = ee.observation
+        expert = EXPERTS[self.task.name](first["mocap_pose_left"], first["mocap_pose_right"],
+                                         first["env_state"])
+        states, env_states, rewards, targets = [], [], [], []
+        for t in range(self.steps):
+            target = _target(ee.observation)
+            states.append(scene.qpos.astype(np.float32))
+            env_states.append(scene.env_state.astype(np.float32))
+            targets.append(target)
+            rewards.append(scene.step(target))
+            if stop_at_success and rewards[-1] >= MAX_REWARD:
+                break
+            if t + 1 < self.steps:
+                ee.step(expert(t))
+        actions = np.stack(targets)
+        return Demonstration(seed, poses, np.stack(states), np.stack(env_states),
+                             actions.astype(np.float32), max(rewards) >= MAX_REWARD,
+                             np.asarray(rewards), actions,
+                             finished=scene.task_done(rewards[-1]))
 
     def frames(self, demo: Demonstration, camera: str, size: tuple[int, int]) -> np.ndarray:
-        """The camera's frames of `demo`, uint8 `[T, H, W, 3]`, from a second replay (the
-        physics is deterministic: its states are checked to be the recorded ones)."""
+        """The camera's frames of `demo`, uint8 `[T, H, W, 3]`, from a replay of its joint
+        targets (the physics is deterministic: its states are checked to be the recorded
+        ones)."""
         self.scene.reset(poses=demo.poses)
         frames = []
         for t, action in enumerate(demo.targets):
@@ -110,21 +114,37 @@ class Recorder:
         return np.stack(frames)
 
     def render(self, camera: str, size: tuple[int, int]) -> np.ndarray:
-        return self.scene.render(camera, *size)
+        """The camera's frame as gym-aloha renders it (480x640), averaged down to `size`."""
+        return downsample(self.scene.render(camera, *CAMERA_FRAME), size)
 
-    def successes(self, count: int, first_seed: int, max_attempts: int,
-                  log: Callable | None = None) -> tuple[list[Demonstration], int, float]:
-        """The first `count` successful demonstrations from seeds `first_seed`, ... (at most
-        `max_attempts` tried); returns them, the attempts and the seconds per attempt."""
-        kept, attempts, start = [], 0, time.perf_counter()
-        while len(kept) < count and attempts < max_attempts:
-            demo = self.demonstrate(first_seed + attempts)
-            attempts += 1
-            if demo.success:
+    def finished(self, count: int, first_seed: int, max_attempts: int,
+                 log: Callable | None = None) -> tuple[list[Demonstration], list[Demonstration],
+                                                      float]:
+        """The first `count` finished demonstrations from seeds `first_seed`, ... (at most
+        `max_attempts` tried); returns them, every attempt, and the seconds per attempt."""
+        kept, tried, start = [], [], time.perf_counter()
+        while len(kept) < count and len(tried) < max_attempts:
+            demo = self.demonstrate(first_seed + len(tried))
+            tried.append(demo)
+            if demo.finished:
                 kept.append(demo)
             if log is not None:
-                log(demo, len(kept), attempts)
-        return kept, attempts, (time.perf_counter() - start) / max(attempts, 1)
+                log(demo, len(kept), len(tried))
+        return kept, tried, (time.perf_counter() - start) / max(len(tried), 1)
+
+
+def downsample(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 `[H, W, 3]` averaged over blocks of H/h x W/w pixels (both whole) to `size`,
+    rounded: what the policy's `frames_in` computes of the same frame, to the uint8 step."""
+    height, width = frame.shape[:2]
+    fy, fx = height // size[0], width // size[1]
+    if fy * size[0] != height or fx * size[1] != width:
+        raise ValueError(f"{height}x{width} frames cannot be averaged to "
+                         f"{size[0]}x{size[1]}: a whole fraction is needed")
+    if (fy, fx) == (1, 1):
+        return frame
+    blocks = frame.reshape(size[0], fy, size[1], fx, 3).astype(np.float32)
+    return np.rint(blocks.mean((1, 3))).astype(np.uint8)
 
 
 class LazyEpisodes(Sequence):

@@ -4,8 +4,7 @@ framework's `evaluation:` section (R-EVAL-1)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import (
     AfterValidator,
@@ -15,23 +14,16 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    Strict,
     model_validator,
 )
 
 from embodichain.learning.sl import Section
 from embodichain_models.policies.aloha.tasks import TASKS
+from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
 PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
                    "--episodes 50 DIR")
-
-
-def _dataset_root(path: Path) -> Path:
-    if not (path / "meta" / "info.json").is_file():
-        what = "not found" if not path.exists() else "has no meta/info.json"
-        raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
-                         f"`{PREPARE_COMMAND}`)")
-    return path
+DatasetRoot = dataset_root(PREPARE_COMMAND)
 
 
 def _task(name: str) -> str:
@@ -57,7 +49,12 @@ class ModelSection(Section):
     latent_dim: PositiveInt = 32
     kl_weight: float = Field(default=10.0, ge=0)
     channels: PositiveInt = 32
-    """Channels of the camera encoder's first convolution (only with data.cameras)."""
+    """Width of the camera backbone (a ResNet-18 layout with GroupNorm, from scratch): its
+    stages have 1, 2, 4, 8 times it (ResNet-18: 64). Only with data.cameras."""
+    image_shift: NonNegativeInt = 0
+    """Random shift augmentation of the camera images in training (DrQ's, Diffusion
+    Policy's random crop): up to this many pixels each way at the backbone's resolution,
+    edges replicated; none when acting."""
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelSection:
@@ -67,21 +64,19 @@ class ModelSection(Section):
         return self
 
 
-class DataSection(Section):
-    root: Annotated[Path, Strict(False), AfterValidator(_dataset_root)]
+class DataSection(DemonstrationData):
+    root: DatasetRoot
     """The LeRobot v3.0 dataset written by the prepare command."""
     task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
     chunk: PositiveInt = 50
-    """Actions predicted per step: this one and the next chunk-1 (ACT: 100)."""
+    """Actions predicted per step (ACT: 100)."""
     cameras: list[str] = Field(default_factory=list)
-    """Cameras the policy sees (`observation.images.<camera>` of the dataset); none: state
-    only (joint positions and object poses)."""
-    val_episodes: NonNegativeInt = 0
-    """The last N episodes are held out: their action error is validated
-    (`validation/action_l1`); 0 trains on every episode, as ACT."""
-    identity: Literal["content", "metadata"] = "content"
-    """What the data's identity digests (see docs/lerobot.md)."""
+    """Cameras the policy sees (`observation.images.<camera>` of the dataset): the policy
+    then reads the joint positions and these cameras only, as gym-aloha's
+    `pixels_agent_pos` (never the objects' poses); none: privileged state (joint positions
+    and object poses). The backbone sees the dataset's frame size; the policy takes the
+    camera's 480x640 frames and averages them down to it."""
 
 
 class ExecutionSection(Section):

@@ -1,12 +1,15 @@
 """Factory of the ALOHA ACT recipe (entry point `aloha_act`, R-ALOHA-1).
 
 The source is the LeRobot dataset's frames (all episodes, or all but the last
-`data.val_episodes`): each example holds the current joint positions, object poses (and
-camera images when `data.cameras` names some) and the chunk of the next `data.chunk`
-joint targets, with `action_is_pad` past the episode's end. The model is an ACT
+`data.val_episodes`): each example holds the current joint positions and object poses
+(privileged state), or, when `data.cameras` names some, the joint positions and those
+cameras' images only (gym-aloha's `pixels_agent_pos`), and the chunk of the next
+`data.chunk` joint targets, with `action_is_pad` past the episode's end. The model is an ACT
 (`model.py`); the recipe's `evaluation:` section judges it in gym-aloha's scene, its
 chunks executed by `execution` (temporal ensembling or a fixed horizon), at every
-validation: `validation/success_rate` is the best metric, higher is better. With held-out
+validation: `validation/success_rate` (the field's verdict) is the best metric, higher is
+better, reported beside `validation/strict_success_rate` and both at step 300
+(`judge.py`, R-ALOHA-2). With held-out
 episodes validation also reports their action error (`validation/action_l1`).
 """
 
@@ -19,6 +22,7 @@ from embodichain.learning.sl import SupervisedTrainer, UsageError
 from embodichain_models.data.lerobot import LeRobotFormatError
 from embodichain_models.policies.aloha.data import act_data, check_evaluation
 from embodichain_models.policies.aloha.execution import ChunkExecution
+from embodichain_models.policies.aloha.judge import AlohaJudge
 from embodichain_models.policies.aloha.model import (
     ACTION,
     ActPolicy,
@@ -29,7 +33,7 @@ from embodichain_models.policies.aloha.model import (
 )
 from embodichain_models.policies.aloha.scene import require_sim
 from embodichain_models.policies.aloha.schema import ActConfig
-from embodichain_models.policies.aloha.tasks import JOINT_NAMES, TASKS
+from embodichain_models.policies.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
 
 MAX_HELD_OUT = 512  # held-out frames whose action error is validated (evenly spaced)
 
@@ -39,11 +43,12 @@ def make_model(config: ActConfig, env_dim: int, stats: dict, fps: int,
     m, e = config.model, config.execution
     execution = ({"temporal_ensemble": e.temporal_ensemble} if e.temporal_ensemble is not None
                  else {"horizon": e.horizon})
-    shape = ActShape(len(JOINT_NAMES), env_dim, len(JOINT_NAMES), config.data.chunk,
-                     tuple(config.data.cameras), m.hidden, m.heads, m.encoder_layers,
+    cameras = tuple(config.data.cameras)
+    shape = ActShape(len(JOINT_NAMES), 0 if cameras else env_dim, len(JOINT_NAMES),
+                     config.data.chunk, cameras, m.hidden, m.heads, m.encoder_layers,
                      m.decoder_layers, m.feedforward, m.dropout, m.cvae, m.latent_dim,
                      m.kl_weight, m.channels, fps, execution,
-                     tuple(image_sizes[c] for c in config.data.cameras))
+                     tuple(image_sizes[c] for c in cameras), CAMERA_FRAME, m.image_shift)
     return ActPolicy(shape, stats)
 
 
@@ -84,7 +89,7 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
     return SupervisedTrainer(config, model=model, source=data.source, objective=objective,
                              device=device,
                              evaluate=evaluate if data.held_out is not None else None,
-                             policy=policy_factory(model.shape.execution),
+                             policy=policy_factory(model.shape.execution), judge=AlohaJudge,
                              best=("validation/success_rate", "max"))
 
 

@@ -21,6 +21,9 @@ JOINT_NAMES = [f"{side}_{joint}" for side in ("left", "right") for joint in
                 "gripper")]
 """The 14 joint positions of `observation.state` and `action` (grippers normalised:
 0 closed, 1 open)."""
+CAMERA_FRAME = (480, 640)
+"""(height, width) of gym-aloha's camera frames (its observation's `pixels`): what a camera
+policy takes, and what `prepare` renders before averaging down to the stored size."""
 EVAL_SEED = 100_000
 """Evaluation episodes are reset with seeds from here up; demonstrations use seeds below."""
 
@@ -48,6 +51,11 @@ class AlohaTask:
     @property
     def gym_id(self) -> str:
         return f"embodichain_models/Aloha{self.name.title().replace('_', '')}-v0"
+
+    @property
+    def gym_aloha_id(self) -> str:
+        """gym-aloha's own registration of the task (`import gym_aloha`)."""
+        return f"gym_aloha/Aloha{self.name.title().replace('_', '')}-v0"
 
 
 TASKS = {

@@ -3,34 +3,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    PositiveFloat,
-    PositiveInt,
-    Strict,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from embodichain.learning.sl import LOCATES_DATA, Section
+from embodichain.learning.sl import Section
+from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
 PREPARE_COMMAND = "python -m embodichain_models.policies.cartpole_bc.prepare --out DIR"
 
 
-def _dataset_root(path: Path) -> Path:
-    if not (path / "meta" / "info.json").is_file():
-        what = "not found" if not path.exists() else "has no meta/info.json"
-        raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
-                         f"`{PREPARE_COMMAND}`)")
-    return path
-
-
-DatasetRoot = Annotated[Path, Strict(False), AfterValidator(_dataset_root), LOCATES_DATA]
+DatasetRoot = dataset_root(PREPARE_COMMAND)
 
 
 class ModelSection(Section):
@@ -53,7 +36,7 @@ class MixturePart(Section):
     """Its feature names mapped to the recipe's: `{their_key: our_key}`."""
 
 
-class DataSection(Section):
+class DataSection(DemonstrationData):
     root: DatasetRoot | None = None
     """The LeRobot v3.0 dataset written by the prepare command (or `mixture`)."""
     mixture: list[MixturePart] | None = Field(default=None, min_length=1)
@@ -64,17 +47,11 @@ class DataSection(Section):
     """A mixture's action normalisation: each part's own statistics, or pooled across the
     parts (count-weighted). The policy's forces use the pooled (or the first part's)."""
     val_episodes: PositiveInt = 10
-    """The last N episodes are held out (their action error is validated)."""
+    """The last N episodes are held out (at least one: their action error is validated)."""
     frames: PositiveInt = 2
     """Camera frames per example, the last one current (two show the motion)."""
-    chunk: PositiveInt = 8
-    """Actions predicted per example: the current one and the next chunk-1."""
     tolerance_s: float = Field(default=1e-4, gt=0)
     """How far a video frame's timestamp may lie from the one asked for, seconds."""
-    identity: Literal["content", "metadata"] = "content"
-    """What the data's identity digests (a resume with other data is refused): "content",
-    every byte (each file hashed once per machine, then cached), or "metadata", for data
-    too large to hash: meta/, table footers and video headers only (see docs/lerobot.md)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> DataSection:
