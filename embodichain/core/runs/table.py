@@ -113,7 +113,8 @@ def describe_run(directory: Path) -> RunRow:
     holder = lock_holder(directory)
     if holder is not None:
         state = "running"
-    elif isinstance(max_updates, int) and last is not None and last >= max_updates:
+    elif isinstance(max_updates, int) and last is not None and last >= max_updates \
+            and clean_stop(identity) is None:  # a stop at the end before its validation
         state = "finished"
     elif early is not None:
         state = "stopped_early"

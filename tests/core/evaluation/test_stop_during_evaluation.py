@@ -13,6 +13,7 @@ snapshot at all).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -154,24 +155,31 @@ def test_sigterm_to_one_process_and_its_simulator_processes_during_a_validation(
     _resumes_as_if_never_stopped(run, Path(world_runs["ddp1"]), run_cli)
 
 
+@pytest.mark.parametrize("stop_at", [2, 4])
 def test_a_stop_agreed_when_a_validation_is_due_saves_first_then_resume_validates(
-        world_runs: dict[str, str], tmp_path: Path) -> None:
-    """One process that gets SIGTERM in update 1: the stop is agreed at update 2, whose
-    validation is due. Catches a trainer that validates before it saves (a metric at 2 in
-    the stopped run) and a resume that does not run the skipped validation first (the
-    metrics and records at 2 missing: they differ from the uninterrupted run's)."""
+        stop_at: int, world_runs: dict[str, str], tmp_path: Path) -> None:
+    """One process that gets SIGTERM in the update before `stop_at`: the stop is agreed at
+    `stop_at`, whose validation is due (4: the last update). Catches a trainer that
+    validates before it saves (a metric at `stop_at` in the stopped run), a stop at the
+    last update taken for the run's end (exit 0, `runs` says finished, the validation
+    lost), and a resume that does not run the skipped validation first (the metrics and
+    records at `stop_at` missing: they differ from the uninterrupted run's)."""
     acts = tmp_path / "acts"
     acts.mkdir()
     run = tmp_path / "run"
     recipe = write(tmp_path / "r.yaml", run, data={"acts_log": str(acts)})
     stopped = run_cli("train-sl", "--config", str(recipe), "--no-progress",
-                      env=factories_env(EMBODICHAIN_TEST_SIGTERM_AT="1"))
+                      env=factories_env(EMBODICHAIN_TEST_SIGTERM_AT=str(stop_at - 1)))
     assert stopped.returncode == 143, stopped.stdout + stopped.stderr
     saved = read_checkpoint(run / "last.pt")
-    assert saved["manifest"]["step"] == STOP_AT
+    assert saved["manifest"]["step"] == stop_at
     assert saved["payload"]["run"]["validation_due"] is True
-    assert validation_lines(run) == {}
-    assert not (run / "evaluations" / f"update_{STOP_AT:06d}.jsonl").exists()
+    assert stop_at not in validation_lines(run)
+    assert not (run / "evaluations" / f"update_{stop_at:06d}.jsonl").exists()
+    listed = run_cli("runs", str(tmp_path), "--json")
+    assert_ok(listed)
+    (row,) = json.loads(listed.stdout)
+    assert row["state_text"] == f"stopped cleanly at update {stop_at} (SIGTERM)", row
     assert_ok(run_cli("resume", str(run), "--no-progress", env=factories_env()))
     reference = Path(world_runs["ddp1"])
     assert assert_training_state_equal(reference / "last.pt", run / "last.pt") >= 2
