@@ -14,7 +14,7 @@ from typing import Any
 
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import UsageError
-from embodichain.core.evaluation.envs import EnvSpec, check_buildable
+from embodichain.core.evaluation.envs import EnvSpec, check_buildable, check_renders
 from embodichain.core.evaluation.episodes import EpisodeRunner, Plan
 from embodichain.core.evaluation.policy import (
     ClosedLoopPolicy,
@@ -52,9 +52,18 @@ class ClosedLoopEvaluation:
         self.config = config
         self.make_policy = make_policy
         self.success = success or default_success
-        if config.videos:
-            av_module()  # refused before training when PyAV is missing
         self.facts = check_buildable(EnvSpec.of(config.env, render=False))
+        self.films_checked = False
+        if config.videos:  # refused before training: PyAV missing, an env that cannot render
+            self.check_films("evaluation.videos", "evaluation.videos: 0")
+
+    def check_films(self, asked: str, none: str) -> None:
+        """Refuse (UsageError, exit 2) films that cannot be made: PyAV missing, an
+        environment that cannot render a frame (checked once)."""
+        if not self.films_checked:
+            av_module()
+            check_renders(EnvSpec.of(self.config.env, render=True), asked, none)
+            self.films_checked = True
 
     def run(self, model: Any, device: Any, *, lockstep: bool, overrides: Overrides = Overrides(),
             progress: Any = None) -> EvaluationResult | None:
@@ -66,8 +75,8 @@ class ClosedLoopEvaluation:
         episodes = overrides.episodes if overrides.episodes is not None else c.episodes
         seed = overrides.seed if overrides.seed is not None else c.seed
         videos = overrides.videos if overrides.videos is not None else c.videos
-        if videos:
-            av_module()
+        if videos:  # `eval --videos K` of a recipe that films nothing: checked here
+            self.check_films("--videos", "--videos 0")
         world, rank = process_group.world_size(), process_group.rank()
         fps = c.video_fps or self.facts.render_fps or 30
         plan = Plan(range(rank, episodes, world), seed, c.max_steps, c.episode_timeout_s,

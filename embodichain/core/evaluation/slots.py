@@ -4,12 +4,12 @@
 SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
 AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
 off at the episode's wall-clock limit (the process is killed). The limit counts the
-environment's own time (its resets, steps and renders), not the policy's nor the other
-slots'. Unlike gymnasium's vector
-environments, a slot never resets by itself: the evaluation resets it with the next
-episode's seed, and a slot whose environment failed is rebuilt before its next episode,
-so the fault stays in its episode. Every command is sent to every slot before any answer
-is awaited (`send`, then `receive`), so process slots step together.
+environment's own time (its resets and steps), not the policy's, the other slots', nor the
+rendering of a filmed episode's frames (filming never changes an outcome, R-EVAL-5).
+Unlike gymnasium's vector environments, a slot never resets by itself: the evaluation
+resets it with the next episode's seed, and a slot whose environment failed is rebuilt
+before its next episode, so the fault stays in its episode. Every command is sent to every
+slot before any answer is awaited (`send`, then `receive`), so process slots step together.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from embodichain.core.evaluation.worker import Answer, EnvHost, serve
 
 TIMEOUT = "timeout"
 BUILD_S = 600.0  # how long a new process may take to start and build its environment
+RENDER_S = 120.0  # how long a frame may take to render, beyond the episode's limit
 
 
 class Slot(ABC):
@@ -90,6 +91,7 @@ class ProcessSlot(Slot):
         self.sent = 0.0
         self.fresh = False  # this command also builds the environment (allowed BUILD_S)
         self.fresh_next = False  # the environment was dropped: the next command builds it
+        self.rendering = False  # this command also renders a frame (allowed RENDER_S)
         self.dead = False  # timed out or gone: a new process, not a new environment
 
     def _start(self) -> None:
@@ -105,6 +107,7 @@ class ProcessSlot(Slot):
     def send(self, command: str, argument: Any, render: bool) -> None:
         self.fresh = self.fresh_next or self.process is None
         self.fresh_next = False
+        self.rendering = render
         if self.process is None:
             self._start()
         self.sent = time.monotonic()
@@ -119,7 +122,8 @@ class ProcessSlot(Slot):
         if isinstance(self.connection, _Broken):
             return "error", self.connection.reason, 0.0
         try:
-            allowed = budget + (BUILD_S if self.fresh else 0.0)
+            allowed = (budget + (BUILD_S if self.fresh else 0.0)
+                       + (RENDER_S if self.rendering else 0.0))
             if not self.connection.poll(max(0.0, self.sent + allowed - time.monotonic())):
                 self.dead = True
                 return (TIMEOUT, "the environment did not answer within episode_timeout_s",

@@ -328,9 +328,9 @@ class SupervisedTrainer:
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         ema = self.config.trainer.ema
-        for model, named in validation_models(self.learner.model, self.learner.ema,
-                                              ema.validate if ema is not None else None):
-            with preserved_rng(self.device), torch.no_grad():
+        for weights, named in validation_models(self.learner.model, self.learner.ema,
+                                                ema.validate if ema is not None else None):
+            with weights() as model, preserved_rng(self.device), torch.no_grad():
                 model.eval()
                 try:
                     metrics.update(named({k: float(v) for k, v in
