@@ -180,6 +180,52 @@ def test_eval_of_a_checkpoint_equals_its_validation(world_runs: dict[str, str],
     assert not (tmp_path / "ema").exists()
 
 
+@pytest.fixture(scope="module")
+def ema_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The EMA's weights acting (`acting: ema`), the acting layer trained (so the EMA and the
+    model differ), by 2 ranks under DDP and FSDP; and `eval` of the FSDP run's step_4 in one
+    process (which loads the saved EMA into the model)."""
+    def build(root: Path) -> dict[str, str]:
+        runs = {}
+        for strategy in ("ddp", "fsdp"):
+            recipe = write(root / f"{strategy}.yaml", root / strategy,
+                           data={"policy_weight": None}, evaluation={"acting": "ema"},
+                           trainer={"strategy": strategy, "ema": {"decay": 0.5}})
+            assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                                   env=factories_env()))
+            runs[strategy] = str(root / strategy)
+        assert_ok(run_cli("eval", str(root / "fsdp" / "step_4.pt"), "--out",
+                          str(root / "eval"), "--no-progress", env=factories_env()))
+        runs["eval"] = str(root / "eval")
+        return runs
+    return built_once(tmp_path_factory, "closed-loop-ema", build)
+
+
+def without_video(found: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "video"} for r in found]
+
+
+@pytest.mark.slow
+def test_the_emas_weights_act_under_ddp_and_fsdp(ema_runs: dict[str, str]) -> None:
+    """`acting: ema` on 2 ranks: the policy is given a module of the model's own class (the
+    factory's policy refuses anything else) holding the EMA's weights, under DDP and FSDP.
+    Catches: FSDP handing the policy the sharded EMA's call-only view (ALOHA: no
+    `act_chunk`, exit 1), the model's own weights acting instead of the EMA's (the records
+    differ from `eval`'s of the saved EMA), and the model left holding the EMA's weights
+    after the evaluation (training goes on from them: the FSDP run's EMA and losses
+    differ from DDP's)."""
+    evaluated = records(Path(ema_runs["eval"]) / "episodes.jsonl")
+    assert json.loads((Path(ema_runs["eval"]) / "summary.json").read_text())["weights"] == "ema"
+    for strategy in ("ddp", "fsdp"):
+        run = Path(ema_runs[strategy])
+        assert without_video(records(run / "evaluations" / "update_000004.jsonl")) == \
+            without_video(evaluated), strategy
+    losses = {s: [r["train/loss"] for r in (json.loads(x) for x in (Path(ema_runs[s]) /
+              "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+              for s in ("ddp", "fsdp")}
+    assert losses["ddp"] == pytest.approx(losses["fsdp"], rel=1e-5) and len(losses["ddp"]) == 2
+
+
 def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path) -> None:
     """Each refusal exits 2 naming what is wrong, and writes nothing. Catches: a traceback
     (exit 1) instead, or an evaluation started without a section to say what to run."""
