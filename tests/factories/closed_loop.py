@@ -8,7 +8,8 @@ in the episode reset with a given seed: `raise_at` (an exception at step 3), `na
 an environment that raised keeps raising (only a new one works). Rendered as a small RGB
 strip (the point's column lit), so episodes can be filmed; `frames` renders it otherwise:
 "gray" (`[H, W]` uint8), "float" (in [0, 1]), "raise" (the renderer fails from step 2 on),
-"slow" (each frame takes `sleep_s`).
+"slow" (each frame takes `sleep_s`). With `REACH_NO_GL=1` in the environment it cannot
+render at all (as MuJoCo without an OpenGL backend).
 
 The factory (`closed_loop:build_supervised_trainer`, tests/factories on PYTHONPATH) trains
 a one-layer linear policy to output -x / gain (clipped), and gives the evaluation the
@@ -21,6 +22,7 @@ the same weights, bitwise; `data.acts_log: DIR` appends one line per policy call
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -72,6 +74,8 @@ class Reach(gym.Env):
         return obs, -abs(self.x), reached, False, {"is_success": reached}
 
     def render(self):
+        if os.environ.get("REACH_NO_GL"):
+            raise RuntimeError("no OpenGL context (REACH_NO_GL is set)")
         strip = np.full((8, 24, 3), 30, np.uint8)
         column = int(np.clip((self.x + 1.0) / 2.0 * 23, 0, 23))
         strip[:, column] = (250, 200, 40)

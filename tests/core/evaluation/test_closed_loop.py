@@ -147,6 +147,13 @@ def test_faults_fail_their_episode_only(tmp_path: Path, vector: str) -> None:
     assert [r["success"] for r in found] == [True, True, False, False, False, True]
     assert all(failures[e] is None for e in (0, 1, 5))
     assert validation_lines(tmp_path / "run")[2]["validation/episode_failures"] == 3
+    if vector == "sync":  # `eval --videos` where nothing can render: refused before it runs
+        proc = run_cli("eval", str(tmp_path / "run"), "--videos", "1", "--out",
+                       str(tmp_path / "films"), env=factories_env(REACH_NO_GL="1"))
+        said = " ".join(proc.stderr.split())
+        assert proc.returncode == 2 and "--videos: episodes are to be filmed" in said, said
+        assert "MUJOCO_GL" in said and "(--videos 0)" in said and "Traceback" not in said
+        assert not (tmp_path / "films").exists()
 
 
 @pytest.mark.slow
@@ -254,6 +261,15 @@ def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path
         proc = run_cli(*args, env=factories_env())
         assert proc.returncode == 2, proc.stderr
         assert "evaluation.env: 'NoSuchEnv-v0'" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "run" / "run.json").exists()
+    # Films asked for where the environment cannot render (R-EVAL-5): refused at the start,
+    # naming MUJOCO_GL and the fix, not a run whose every film goes missing.
+    recipe = write(tmp_path / "films.yaml", tmp_path / "run")
+    proc = run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                   env=factories_env(REACH_NO_GL="1"))
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "evaluation.videos: episodes are to be filmed" in said
+    assert "REACH_NO_GL is set" in said and "MUJOCO_GL=egl" in said, said
     assert not (tmp_path / "run" / "run.json").exists()
     # The EMA asked to act in a run that keeps none: the recipe itself is refused.
     recipe = write(tmp_path / "ema.yaml", tmp_path / "run", evaluation={"acting": "ema"})
