@@ -17,7 +17,7 @@ import yaml
 from tests.support import assert_ok, factories_env, run_cli, run_torchrun
 from tests.support.shared import built_once
 
-EPISODES = 6
+EPISODES = 7  # odd: 2 ranks hold 4 and 3 (contiguous blocks of 7 // 2 would lose one)
 
 
 def write(path: Path, output_dir: Path, *, evaluation: dict | None = None,
@@ -72,9 +72,10 @@ def world_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.mark.slow
 def test_outcomes_do_not_depend_on_world_size_or_strategy(world_runs: dict[str, str]) -> None:
     """Catches: a seed derived from the rank or the slot (records differ on 2 ranks), rank 0
-    alone evaluating (episodes missing), records merged out of order, a rank whose episodes
-    ended skipping forwards under FSDP (its peer hangs or the counts differ), and a policy
-    batch that changes shape with the world size."""
+    alone evaluating (episodes missing), episodes split in contiguous blocks (the odd one
+    lost on 2 ranks), records merged out of order, a rank whose episodes ended skipping
+    forwards under FSDP (its peer hangs or the counts differ), a policy batch that changes
+    shape with the world size, and the return or length metrics summed, not averaged."""
     runs = {name: Path(path) for name, path in world_runs.items()}
     reference = runs["ddp1"]
     for step in (2, 4):
@@ -86,7 +87,13 @@ def test_outcomes_do_not_depend_on_world_size_or_strategy(world_runs: dict[str, 
             assert records(run / "evaluations" / f"update_{step:06d}.jsonl") == expected, name
     metrics = validation_lines(reference)
     assert set(metrics) == {2, 4}
-    assert metrics[4]["validation/success_rate"] == pytest.approx(5 / 6)
+    assert metrics[4]["validation/success_rate"] == pytest.approx(5 / 7)
+    for step in (2, 4):  # the means of the records, not their sums
+        found = records(reference / "evaluations" / f"update_{step:06d}.jsonl")
+        assert metrics[step]["validation/return"] == \
+            pytest.approx(sum(r["return"] for r in found) / EPISODES)
+        assert metrics[step]["validation/episode_length"] == \
+            pytest.approx(sum(r["length"] for r in found) / EPISODES)
     for name, run in runs.items():
         assert validation_lines(run) == metrics, name
     # Under FSDP the forward is collective: both ranks called the policy equally often.
