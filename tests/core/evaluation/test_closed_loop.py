@@ -151,8 +151,8 @@ def test_faults_fail_their_episode_only(tmp_path: Path, vector: str) -> None:
     assert found[2]["length"] == 2  # the failed step is not counted
     assert failures[3] == "non-finite observation"
     assert failures[4].startswith("timeout")
-    assert [r["success"] for r in found] == [True, True, False, False, False, True]
-    assert all(failures[e] is None for e in (0, 1, 5))
+    assert [r["success"] for r in found] == [True, True, False, False, False, True, True]
+    assert all(failures[e] is None for e in (0, 1, 5, 6))
     assert validation_lines(tmp_path / "run")[2]["validation/episode_failures"] == 3
     if vector == "sync":  # `eval --videos` where nothing can render: refused before it runs
         proc = run_cli("eval", str(tmp_path / "run"), "--videos", "1", "--out",
