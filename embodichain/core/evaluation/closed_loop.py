@@ -14,7 +14,7 @@ from typing import Any
 
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import UsageError
-from embodichain.core.evaluation.envs import EnvSpec, check_buildable, check_renders
+from embodichain.core.evaluation.envs import EnvSpec, check_buildable
 from embodichain.core.evaluation.episodes import EpisodeRunner, Plan
 from embodichain.core.evaluation.policy import (
     ClosedLoopPolicy,
@@ -23,7 +23,7 @@ from embodichain.core.evaluation.policy import (
     default_success,
 )
 from embodichain.core.evaluation.records import EvaluationResult
-from embodichain.core.evaluation.slots import make_slots
+from embodichain.core.evaluation.slots import check_renders, make_slots
 from embodichain.core.evaluation.video import av_module
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
 
@@ -62,7 +62,8 @@ class ClosedLoopEvaluation:
         environment that cannot render a frame (checked once)."""
         if not self.films_checked:
             av_module()
-            check_renders(EnvSpec.of(self.config.env, render=True), asked, none)
+            check_renders(EnvSpec.of(self.config.env, render=True), self.config.vector,
+                          asked, none)
             self.films_checked = True
 
     def run(self, model: Any, device: Any, *, lockstep: bool, overrides: Overrides = Overrides(),

@@ -3,17 +3,12 @@
 `EnvSpec` is the plain, picklable form of `evaluation.env` (a worker process builds its own
 environment from it). `check_buildable` builds one environment and closes it again before
 training: an environment that cannot be built (gymnasium or the simulator not installed,
-an unknown id, a constructor that fails) is refused there (exit 2, R-EVAL-3). An evaluation
-that films is checked there too (`check_renders`): an environment that cannot render a
-frame (no OpenGL backend for MuJoCo, no rgb_array mode) is refused naming `MUJOCO_GL`,
-rather than every film going missing (R-EVAL-5).
+an unknown id, a constructor that fails) is refused there (exit 2, R-EVAL-3).
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,36 +96,3 @@ def check_buildable(spec: EnvSpec) -> EnvFacts:
     finally:
         env.close()
 
-
-GL_FIX = ("MuJoCo renders with the OpenGL backend that MUJOCO_GL names (now {now}): set "
-          "MUJOCO_GL=egl (headless: a GPU driver or Mesa's EGL) or MUJOCO_GL=osmesa "
-          "(software, needs libOSMesa), or glfw with a display")
-
-
-def check_renders(spec: EnvSpec, asked: str = "evaluation.videos",
-                  none: str = "evaluation.videos: 0") -> None:
-    """Build one environment that renders (`spec.render`), reset it and render a frame;
-    refuse (UsageError, exit 2) one that cannot, naming MUJOCO_GL and the fix."""
-    from embodichain.core.evaluation.video import rgb_frame
-
-    env = None
-    try:
-        env = make_env(spec)
-        env.reset(seed=0)
-        rgb_frame(env.render())
-    except UsageError as exc:
-        problem = str(exc)
-    except Exception as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-    else:
-        problem = None
-    finally:
-        if env is not None:
-            with contextlib.suppress(Exception):
-                env.close()
-    if problem is not None:
-        now = os.environ.get("MUJOCO_GL", "unset")
-        raise UsageError(f"{asked}: episodes are to be filmed, but evaluation.env "
-                         f"{spec.name!r} cannot render a frame (render_mode='rgb_array'): "
-                         f"{problem}. {GL_FIX.format(now=now)}; or film nothing ({none}). "
-                         "Nothing was started.")

@@ -10,18 +10,26 @@ Unlike gymnasium's vector environments, a slot never resets by itself: the evalu
 resets it with the next episode's seed, and a slot whose environment failed is rebuilt
 before its next episode, so the fault stays in its episode. Every command is sent to every
 slot before any answer is awaited (`send`, then `receive`), so process slots step together.
+
+`check_renders` makes one frame where the films will be made (a slot of the evaluation's
+kind: an async slot's renderer, e.g. MuJoCo's OpenGL context, is never created in the
+evaluating process, whose children fork from it), before training or `eval --videos`: an
+environment that cannot render is refused then, naming `MUJOCO_GL` (R-EVAL-5).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import sys
 import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.envs import EnvSpec
+from embodichain.core.evaluation.video import NoFrame
 from embodichain.core.evaluation.worker import Answer, EnvHost, serve
 
 TIMEOUT = "timeout"
@@ -173,3 +181,29 @@ def make_slots(spec: EnvSpec, count: int, vector: str) -> list[Slot]:
     """`count` slots of the kind `evaluation.vector` names."""
     kind = ProcessSlot if vector == "async" else LocalSlot
     return [kind(spec) for _ in range(count)]
+
+
+GL_FIX = ("MuJoCo renders with the OpenGL backend that MUJOCO_GL names (now {now}): set "
+          "MUJOCO_GL=egl (headless: a GPU driver or Mesa's EGL) or MUJOCO_GL=osmesa "
+          "(software, needs libOSMesa), or glfw with a display")
+
+
+def check_renders(spec: EnvSpec, vector: str, asked: str, none: str,
+                  budget: float = 60.0) -> None:
+    """Reset one environment (`spec.render`) in a slot of the `vector` kind and render its
+    first frame; refuse (UsageError, exit 2) one that cannot, naming MUJOCO_GL and the fix.
+    `asked` names what wants films, `none` how to want none."""
+    slot = make_slots(spec, 1, vector)[0]
+    try:
+        slot.send("reset", 0, True)
+        status, result, _ = slot.receive(budget)
+    finally:
+        slot.close()
+    problem = result if status != "ok" else (
+        result[-1].reason if isinstance(result[-1], NoFrame) else None)
+    if problem is not None:
+        now = os.environ.get("MUJOCO_GL", "unset")
+        raise UsageError(f"{asked}: episodes are to be filmed, but evaluation.env "
+                         f"{spec.name!r} cannot render a frame (render_mode='rgb_array'): "
+                         f"{problem}. {GL_FIX.format(now=now)}; or film nothing ({none}). "
+                         "Nothing was started.")

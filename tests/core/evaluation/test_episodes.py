@@ -133,6 +133,34 @@ def test_frames_that_cannot_be_encoded_drop_the_film_with_the_reason() -> None:
 
 
 @pytest.mark.parametrize("vector", ["sync", "async"])
+def test_films_where_nothing_renders_are_refused_when_the_evaluation_starts(
+        monkeypatch: pytest.MonkeyPatch, vector: str) -> None:
+    """An environment that cannot render (as MuJoCo without OpenGL): `videos: 2` is refused
+    when the evaluation is built, `eval --videos 1` of a section filming nothing before its
+    episodes, both naming MUJOCO_GL (async: the frame is tried in a slot's own process).
+    Catches a run that films where nothing renders (every film missing, found out after
+    training) and `eval --videos K` skipping the check."""
+    from embodichain.core.errors import UsageError
+    from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+
+    monkeypatch.setenv("REACH_NO_GL", "1")
+
+    def section(videos: int) -> EvaluationConfig:
+        return EvaluationConfig.model_validate({"env": {"constructor": REACH}, "episodes": 2,
+                                                "videos": videos, "vector": vector})
+
+    with pytest.raises(UsageError) as refused:
+        closed_loop.ClosedLoopEvaluation(section(2), lambda model, device: Gain())
+    said = str(refused.value)
+    assert said.startswith("evaluation.videos: episodes are to be filmed") and \
+        "REACH_NO_GL is set" in said and "MUJOCO_GL" in said and \
+        "(evaluation.videos: 0)" in said, said
+    unfilmed = closed_loop.ClosedLoopEvaluation(section(0), lambda model, device: Gain())
+    with pytest.raises(UsageError, match=r"^--videos: .*MUJOCO_GL.*\(--videos 0\)"):
+        unfilmed.run(None, "cpu", lockstep=False, overrides=closed_loop.Overrides(videos=1))
+
+
+@pytest.mark.parametrize("vector", ["sync", "async"])
 def test_the_wall_clock_limit_is_the_episodes_not_each_steps(vector: str) -> None:
     """Steps of 0.9 s under `episode_timeout_s: 1`, policy idle (the point never arrives):
     the episode fails on timeout at its second step, async cut off at 1 s. Catches the
