@@ -155,12 +155,13 @@ def test_faults_fail_their_episode_only(tmp_path: Path, vector: str) -> None:
     assert all(failures[e] is None for e in (0, 1, 5, 6))
     assert validation_lines(tmp_path / "run")[2]["validation/episode_failures"] == 3
     if vector == "sync":  # `eval --videos` where nothing can render: refused before it runs
-        proc = run_cli("eval", str(tmp_path / "run"), "--videos", "1", "--out",
-                       str(tmp_path / "films"), env=factories_env(REACH_NO_GL="1"))
-        said = " ".join(proc.stderr.split())
-        assert proc.returncode == 2 and "--videos: episodes are to be filmed" in said, said
-        assert "MUJOCO_GL" in said and "(--videos 0)" in said and "Traceback" not in said
-        assert not (tmp_path / "films").exists()
+        for launch in ([], ["--nproc-per-node", "2"]):  # (there: before any worker starts)
+            proc = run_cli("eval", str(tmp_path / "run"), "--videos", "1", *launch, "--out",
+                           str(tmp_path / "films"), env=factories_env(REACH_NO_GL="1"))
+            said = " ".join(proc.stderr.split())
+            assert proc.returncode == 2 and "--videos: episodes are to be filmed" in said, said
+            assert "MUJOCO_GL" in said and "(--videos 0)" in said and "Traceback" not in said
+            assert not (tmp_path / "films").exists()
 
 
 @pytest.mark.slow
