@@ -165,6 +165,7 @@ def test_the_wall_clock_limit_is_the_episodes_not_each_steps(vector: str) -> Non
     """Steps of 0.9 s under `episode_timeout_s: 1`, policy idle (the point never arrives):
     the episode fails on timeout at its second step, async cut off at 1 s. Catches the
     limit applied per step (each 0.9 s step is within it, the episode never times out)."""
+    check_buildable(EnvSpec(constructor=REACH))  # its module imported (torch) before the clock
     started = time.perf_counter()
     found = run_episodes({"sleep_at": 100, "sleep_s": 0.9}, episodes=1, vector=vector,
                          timeout_s=1.0, max_steps=10, weight=0.0)
