@@ -53,7 +53,9 @@ def evaluate(
 
         overrides = Overrides(episodes, seed, videos)
         if should_launch(nproc_per_node):  # bad input refused before any worker starts
-            find_target(target, out, overrides, ema)
+            found = find_target(target, out, overrides, ema)
+            if videos:  # where nothing renders: here, not by every worker (exit 2)
+                _check_films(found.config["evaluation"])
         launch_if_asked(nproc_per_node, 0, lambda: worker_command(
             "eval", [("--episodes", episodes), ("--seed", seed), ("--videos", videos),
                      ("--ema", ema), ("--out", out), ("--no-progress", no_progress),
@@ -63,6 +65,18 @@ def evaluate(
                                                 progress=progress)
         if result is not None:
             _print(found, result)
+
+
+def _check_films(section: dict[str, Any]) -> None:
+    """`--videos K`: refuse (exit 2, naming MUJOCO_GL) an environment that cannot render."""
+    from embodichain.core.evaluation.envs import EnvSpec
+    from embodichain.core.evaluation.slots import check_renders
+    from embodichain.core.evaluation.video import av_module
+    from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+
+    config = EvaluationConfig.model_validate(section)
+    av_module()
+    check_renders(EnvSpec.of(config.env, render=True), config.vector, "--videos", "--videos 0")
 
 
 def _evaluate_artifact(target: Path, overrides: Any, ema: bool, out: Path | None,

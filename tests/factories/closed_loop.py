@@ -4,8 +4,12 @@
 within `tolerance` of 0; the action moves it by `gain * a`, a in [-1, 1]; reward -|x|.
 The episode terminates with `info["is_success"]` when it is reached. Faults on request, each
 in the episode reset with a given seed: `raise_at` (an exception at step 3), `nan_at`
-(a NaN observation at step 2), `sleep_at` (each step sleeps `sleep_s`). Rendered as a small
-RGB strip (the point's column lit), so episodes can be filmed.
+(a NaN observation at step 2), `sleep_at` (each step sleeps `sleep_s`); with `stays_broken`
+an environment that raised keeps raising (only a new one works). Rendered as a small RGB
+strip (the point's column lit), so episodes can be filmed; `frames` renders it otherwise:
+"gray" (`[H, W]` uint8), "float" (in [0, 1]), "raise" (the renderer fails from step 2 on),
+"slow" (each frame takes `sleep_s`). With `REACH_NO_GL=1` in the environment it cannot
+render at all (as MuJoCo without an OpenGL backend).
 
 The factory (`closed_loop:build_supervised_trainer`, tests/factories on PYTHONPATH) trains
 a one-layer linear policy to output -x / gain (clipped), and gives the evaluation the
@@ -43,8 +47,10 @@ class Reach(gym.Env):
 
     def __init__(self, gain: float = 0.3, tolerance: float = 0.05, render_mode: str | None = None,
                  raise_at: int | None = None, nan_at: int | None = None,
-                 sleep_at: int | None = None, sleep_s: float = 0.0) -> None:
+                 sleep_at: int | None = None, sleep_s: float = 0.0,
+                 stays_broken: bool = False, frames: str = "rgb") -> None:
         self.gain, self.tolerance, self.render_mode = gain, tolerance, render_mode
+        self.stays_broken, self.broken, self.frames = stays_broken, False, frames
         self.faults = {"raise": raise_at, "nan": nan_at, "sleep": sleep_at}
         self.sleep_s = sleep_s
         self.observation_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
@@ -52,6 +58,8 @@ class Reach(gym.Env):
         self.x, self.seed_, self.t = 0.0, None, 0
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if self.broken:
+            raise RuntimeError("still broken since its fault")
         super().reset(seed=seed)
         self.seed_, self.t = seed, 0
         self.x = float(self.np_random.uniform(-1.0, 1.0))
@@ -64,7 +72,10 @@ class Reach(gym.Env):
     def step(self, action: Any):
         self.t += 1
         time.sleep(float(os.environ.get("EMBODICHAIN_TEST_EVAL_STEP_S", "0")))
+        if self.broken:
+            raise RuntimeError("still broken since its fault")
         if self.seed_ == self.faults["raise"] and self.t == 3:
+            self.broken = self.stays_broken
             raise RuntimeError("the simulator broke at step 3")
         if self.seed_ == self.faults["sleep"]:
             time.sleep(self.sleep_s)
@@ -76,9 +87,19 @@ class Reach(gym.Env):
         return obs, -abs(self.x), reached, False, {"is_success": reached}
 
     def render(self):
+        if os.environ.get("REACH_NO_GL"):
+            raise RuntimeError("no OpenGL context (REACH_NO_GL is set)")
         strip = np.full((8, 24, 3), 30, np.uint8)
         column = int(np.clip((self.x + 1.0) / 2.0 * 23, 0, 23))
         strip[:, column] = (250, 200, 40)
+        if self.frames == "gray":
+            return strip[..., 0].copy()
+        if self.frames == "float":
+            return strip.astype(np.float32) / 255.0
+        if self.frames == "raise" and self.t >= 2:
+            raise RuntimeError("the renderer lost its GL context")
+        if self.frames == "slow":
+            time.sleep(self.sleep_s)
         return strip
 
 
@@ -119,6 +140,8 @@ class LinearPolicy:
     """`act(obs [N, 1]) -> actions [N, 1]`: the model's output, one batched forward."""
 
     def __init__(self, model: nn.Module, device: torch.device, log: str | None) -> None:
+        if not isinstance(model, Net):  # the EMA's weights too (R-EVAL-5): Net's methods
+            raise TypeError(f"the policy was given a {type(model).__name__}, not a Net")
         self.model, self.device = model, device
         self.log = None
         if log is not None:

@@ -27,7 +27,7 @@ from embodichain.core.evaluation.policy import (
     default_success,
 )
 from embodichain.core.evaluation.records import EvaluationResult
-from embodichain.core.evaluation.slots import make_slots
+from embodichain.core.evaluation.slots import check_renders, make_slots
 from embodichain.core.evaluation.video import av_module
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
 
@@ -69,9 +69,19 @@ class ClosedLoopEvaluation:
         self.make_policy = make_policy
         self.success = success or default_success
         self.judge = judge
-        if config.videos:
-            av_module()  # refused before training when PyAV is missing
         self.facts = check_buildable(EnvSpec.of(config.env, render=False))
+        self.films_checked = False
+        if config.videos:  # refused before training: PyAV missing, an env that cannot render
+            self.check_films("evaluation.videos", "evaluation.videos: 0")
+
+    def check_films(self, asked: str, none: str) -> None:
+        """Refuse (UsageError, exit 2) films that cannot be made: PyAV missing, an
+        environment that cannot render a frame (checked once)."""
+        if not self.films_checked:
+            av_module()
+            check_renders(EnvSpec.of(self.config.env, render=True), self.config.vector,
+                          asked, none)
+            self.films_checked = True
 
     def run(self, model: Any, device: Any, *, lockstep: bool, overrides: Overrides = Overrides(),
             progress: Any = None, stop: StopRequest | None = None) -> EvaluationResult | None:
@@ -85,8 +95,8 @@ class ClosedLoopEvaluation:
         episodes = overrides.episodes if overrides.episodes is not None else c.episodes
         seed = overrides.seed if overrides.seed is not None else c.seed
         videos = overrides.videos if overrides.videos is not None else c.videos
-        if videos:
-            av_module()
+        if videos:  # `eval --videos K` of a recipe that films nothing: checked here
+            self.check_films("--videos", "--videos 0")
         world, rank = process_group.world_size(), process_group.rank()
         fps = c.video_fps or self.facts.render_fps or 30
         plan = Plan(range(rank, episodes, world), seed, c.max_steps, c.episode_timeout_s,

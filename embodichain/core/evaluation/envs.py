@@ -95,3 +95,4 @@ def check_buildable(spec: EnvSpec) -> EnvFacts:
                         int(fps) if isinstance(fps, int | float) and fps > 0 else None)
     finally:
         env.close()
+

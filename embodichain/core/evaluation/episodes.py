@@ -10,7 +10,9 @@ a fault fails that episode, with its
 reason, and the slot's environment is rebuilt for the next one. The episode's outcome is
 `success(info, reward, terminated)` at its last step (default `info["is_success"]`); a
 factory's `EpisodeJudge`, when given, sees every step and adds named outcomes (`outcomes`
-in the record), its `success` replacing the predicate's.
+in the record), its `success` replacing the predicate's. Filming is a side channel
+(R-EVAL-5): a frame that cannot be rendered or encoded ends the episode's film, not the
+episode, and its record says why (`video_missing`).
 
 `agree(mine, done, stop)` (distributed: under FSDP, whose forward is collective, when
 progress is shown, and whenever a stop request is watched) is a collective that says whether
@@ -38,7 +40,8 @@ from embodichain.core.evaluation.policy import (
     Success,
 )
 from embodichain.core.evaluation.slots import TIMEOUT, Slot
-from embodichain.core.evaluation.video import FilmEncoder
+from embodichain.core.evaluation.video import FilmEncoder, NoFrame
+from embodichain.core.evaluation.worker import fault
 
 
 def episode_seed(seed: int, episode: int) -> int:
@@ -67,6 +70,7 @@ class Running:
     seed: int
     film: FilmEncoder | None
     env_s: float = 0.0  # the environment's own time so far (the wall-clock limit's)
+    video_missing: str | None = None  # why a filmed episode has no film
     total: float = 0.0
     length: int = 0
     judge: EpisodeJudge | None = None
@@ -229,8 +233,22 @@ class EpisodeRunner:
         return f"{during}: {reason}"
 
     def _film(self, episode: Running, frame: Any) -> None:
-        if episode.film is not None and frame is not None:
+        """Add the frame to the episode's film; one that cannot be added ends the film (the
+        next commands render nothing), never the episode."""
+        if episode.film is None or frame is None:
+            return
+        if isinstance(frame, NoFrame):  # the renderer failed (worker.py)
+            self._drop_film(episode, f"frame {episode.film.frames}: {frame.reason}")
+            return
+        try:
             episode.film.add(frame)
+        except Exception as exc:
+            self._drop_film(episode, f"frame {episode.film.frames}: {fault(exc)}")
+
+    def _drop_film(self, episode: Running, reason: str) -> None:
+        if episode.film is not None:
+            episode.film.abandon()
+        episode.film, episode.video_missing = None, reason
 
     def _end(self, i: int, episode: Running, *, failure: str | None = None,
              end: str = "failure", success: bool = False) -> None:
@@ -242,7 +260,15 @@ class EpisodeRunner:
                 end: str = "failure", success: bool = False) -> None:
         if failure is not None:
             self.slots[i].recover()  # the next episode gets a new environment
-        film = episode.film.finish() if episode.film is not None else None
+        film = frames = None
+        if episode.film is not None:
+            frames = episode.film.frames
+            try:
+                film = episode.film.finish()
+            except Exception as exc:
+                self._drop_film(episode, f"encoding: {fault(exc)}")
+            if film is None and episode.video_missing is None:
+                episode.video_missing = "no frame was rendered"
         outcomes = None
         if episode.judge is not None:
             outcomes = {str(k): bool(v) and failure is None
@@ -253,6 +279,8 @@ class EpisodeRunner:
                   "length": episode.length, "end": end, "failure": failure}
         if outcomes is not None:
             record["outcomes"] = outcomes
-        if episode.film is not None:
-            record["frames"] = episode.film.frames
+        if film is not None:
+            record["frames"] = frames
+        elif episode.index < self.plan.filmed:
+            record["video_missing"] = episode.video_missing
         self.outcomes.append(Outcome(record, film))

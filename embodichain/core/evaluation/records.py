@@ -3,7 +3,8 @@
 Records are ordered by episode index and hold nothing of the rank that ran them, so they
 are the same on any world size. Under the run directory an evaluation at update U writes
 `evaluations/update_UUUUUU.jsonl` (one record per line: episode, seed, success, return,
-length, how it ended, the failure reason) and the films of the first episodes as
+length, how it ended, the failure reason; a filmed episode's film, or why it has none,
+`video_missing`) and the films of the first episodes as
 `evaluations/update_UUUUUU/episode_EEEE.mp4`; one cut short by a stop (R-EVAL-4), only the
 episodes it finished, as `evaluations/update_UUUUUU.interrupted.jsonl`. `embodichain eval
 --out DIR` writes `DIR/episodes.jsonl`, `DIR/summary.json` and `DIR/videos/`.

@@ -4,28 +4,37 @@
 SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
 AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
 off at the episode's wall-clock limit (the process is killed). The limit counts the
-environment's own time (its resets, steps and renders), not the policy's nor the other
-slots'. Unlike gymnasium's vector
-environments, a slot never resets by itself: the evaluation resets it with the next
-episode's seed, and a slot whose environment failed is rebuilt before its next episode,
-so the fault stays in its episode. Every command is sent to every slot before any answer
-is awaited (`send`, then `receive`), so process slots step together.
+environment's own time (its resets and steps), not the policy's, the other slots', nor the
+rendering of a filmed episode's frames (filming never changes an outcome, R-EVAL-5).
+Unlike gymnasium's vector environments, a slot never resets by itself: the evaluation
+resets it with the next episode's seed, and a slot whose environment failed is rebuilt
+before its next episode, so the fault stays in its episode. Every command is sent to every
+slot before any answer is awaited (`send`, then `receive`), so process slots step together.
+
+`check_renders` makes one frame where the films will be made (a slot of the evaluation's
+kind: an async slot's renderer, e.g. MuJoCo's OpenGL context, is never created in the
+evaluating process, whose children fork from it), before training or `eval --videos`: an
+environment that cannot render is refused then, naming `MUJOCO_GL` (R-EVAL-5).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import sys
 import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.envs import EnvSpec
+from embodichain.core.evaluation.video import NoFrame
 from embodichain.core.evaluation.worker import Answer, EnvHost, serve
 
 TIMEOUT = "timeout"
 BUILD_S = 600.0  # how long a new process may take to start and build its environment
+RENDER_S = 120.0  # how long a frame may take to render, beyond the episode's limit
 
 
 class Slot(ABC):
@@ -90,6 +99,7 @@ class ProcessSlot(Slot):
         self.sent = 0.0
         self.fresh = False  # this command also builds the environment (allowed BUILD_S)
         self.fresh_next = False  # the environment was dropped: the next command builds it
+        self.rendering = False  # this command also renders a frame (allowed RENDER_S)
         self.dead = False  # timed out or gone: a new process, not a new environment
 
     def _start(self) -> None:
@@ -105,6 +115,7 @@ class ProcessSlot(Slot):
     def send(self, command: str, argument: Any, render: bool) -> None:
         self.fresh = self.fresh_next or self.process is None
         self.fresh_next = False
+        self.rendering = render
         if self.process is None:
             self._start()
         self.sent = time.monotonic()
@@ -119,7 +130,8 @@ class ProcessSlot(Slot):
         if isinstance(self.connection, _Broken):
             return "error", self.connection.reason, 0.0
         try:
-            allowed = budget + (BUILD_S if self.fresh else 0.0)
+            allowed = (budget + (BUILD_S if self.fresh else 0.0)
+                       + (RENDER_S if self.rendering else 0.0))
             if not self.connection.poll(max(0.0, self.sent + allowed - time.monotonic())):
                 self.dead = True
                 return (TIMEOUT, "the environment did not answer within episode_timeout_s",
@@ -169,3 +181,29 @@ def make_slots(spec: EnvSpec, count: int, vector: str) -> list[Slot]:
     """`count` slots of the kind `evaluation.vector` names."""
     kind = ProcessSlot if vector == "async" else LocalSlot
     return [kind(spec) for _ in range(count)]
+
+
+GL_FIX = ("MuJoCo renders with the OpenGL backend that MUJOCO_GL names (now {now}): set "
+          "MUJOCO_GL=egl (headless: a GPU driver or Mesa's EGL) or MUJOCO_GL=osmesa "
+          "(software, needs libOSMesa), or glfw with a display")
+
+
+def check_renders(spec: EnvSpec, vector: str, asked: str, none: str,
+                  budget: float = 60.0) -> None:
+    """Reset one environment (`spec.render`) in a slot of the `vector` kind and render its
+    first frame; refuse (UsageError, exit 2) one that cannot, naming MUJOCO_GL and the fix.
+    `asked` names what wants films, `none` how to want none."""
+    slot = make_slots(spec, 1, vector)[0]
+    try:
+        slot.send("reset", 0, True)
+        status, result, _ = slot.receive(budget)
+    finally:
+        slot.close()
+    problem = result if status != "ok" else (
+        result[-1].reason if isinstance(result[-1], NoFrame) else None)
+    if problem is not None:
+        now = os.environ.get("MUJOCO_GL", "unset")
+        raise UsageError(f"{asked}: episodes are to be filmed, but evaluation.env "
+                         f"{spec.name!r} cannot render a frame (render_mode='rgb_array'): "
+                         f"{problem}. {GL_FIX.format(now=now)}; or film nothing ({none}). "
+                         "Nothing was started.")

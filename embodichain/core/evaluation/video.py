@@ -4,11 +4,18 @@ An episode's film holds the frame rendered after its reset and one after each st
 has `length + 1` frames. Frames are encoded as they arrive (an episode's raw frames would
 not fit in memory for long episodes) into an in-memory mp4 that rank 0 writes under the run
 directory. `gif` re-encodes a film for TensorBoard, which shows animated GIFs.
+
+Filming is a side channel (R-EVAL-5): a frame that cannot be rendered or encoded drops the
+episode's film, with the reason in its record (`video_missing`), and never changes the
+episode's outcome. Frames are taken as environments give them: uint8 RGB(A), grayscale
+`[H, W]` or `[H, W, 1]`, float in [0, 1] (or in [0, 255]), bool (`rgb_frame`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +34,48 @@ def av_module() -> Any:
         raise UsageError("evaluation.videos needs PyAV (to write mp4), which is not installed; "
                          f"install it with: {AV_HINT}, or set evaluation.videos: 0") from None
     return av
+
+
+@dataclass(frozen=True)
+class NoFrame:
+    """What an environment gave instead of a frame: why there is none (picklable)."""
+
+    reason: str
+
+
+def rgb_frame(frame: Any) -> np.ndarray:
+    """A rendered frame as uint8 `[H, W, 3]`; raises ValueError saying why it is not one."""
+    import numpy as np
+    if frame is None:
+        raise ValueError("render() returned None (no rgb_array frame)")
+    image = np.asarray(frame)
+    if image.ndim == 3 and image.shape[-1] == 1:
+        image = image[..., 0]
+    if image.ndim == 2:  # grayscale
+        image = np.repeat(image[..., None], 3, axis=-1)
+    if image.ndim != 3 or image.shape[-1] not in (3, 4) or 0 in image.shape:
+        raise ValueError(f"a frame of shape {list(image.shape)} is not an image ([H, W], "
+                         "[H, W, 1], [H, W, 3] or [H, W, 4])")
+    image = image[..., :3]
+    kind = image.dtype.kind
+    if kind == "b":
+        image = image.astype(np.uint8) * 255
+    elif kind in "iu" and image.dtype != np.uint8:
+        if image.min() < 0 or image.max() > 255:
+            raise ValueError(f"an integer frame ({image.dtype}) with values outside [0, 255]")
+        image = image.astype(np.uint8)
+    elif kind == "f":
+        if not np.isfinite(image).all():
+            raise ValueError("a float frame with NaN or infinite values")
+        low, high = float(image.min()), float(image.max())
+        if low < 0.0 or high > 255.0:
+            raise ValueError(f"a float frame with values in [{low:g}, {high:g}] (expected "
+                             "[0, 1] or [0, 255])")
+        scale = 255.0 if high <= 1.0 else 1.0  # [0, 1] is the float convention
+        image = np.rint(image.astype(np.float64) * scale).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        raise ValueError(f"a frame of dtype {image.dtype} is not an image")
+    return np.ascontiguousarray(image)
 
 
 def _even(frame: np.ndarray) -> np.ndarray:
@@ -50,8 +99,13 @@ class FilmEncoder:
         self.frames = 0
 
     def add(self, frame: Any) -> None:
-        import numpy as np
-        image = _even(np.asarray(frame, dtype=np.uint8)[..., :3])
+        """Encode a frame (`rgb_frame`'s forms); raises (ValueError, or PyAV's error) on one
+        that cannot be: the evaluation then abandons the film, the episode goes on."""
+        image = _even(rgb_frame(frame))
+        if self.container is not None and image.shape[:2] != (self.stream.height,
+                                                              self.stream.width):
+            raise ValueError(f"the frame size changed from {self.stream.height}x"
+                             f"{self.stream.width} to {image.shape[0]}x{image.shape[1]}")
         if self.container is None:
             self.container = self.av.open(self.buffer, "w", format="mp4")
             self.stream = self.container.add_stream(self.codec, rate=self.fps)
@@ -63,6 +117,13 @@ class FilmEncoder:
         video.pts, video.time_base = self.frames, Fraction(1, self.fps)
         self.container.mux(self.stream.encode(video))
         self.frames += 1
+
+    def abandon(self) -> None:
+        """Drop the film (a frame could not be added): free the encoder."""
+        container, self.container = self.container, None
+        if container is not None:
+            with contextlib.suppress(Exception):
+                container.close()
 
     def finish(self) -> bytes | None:
         """The mp4 (None when no frame came: the environment renders nothing)."""

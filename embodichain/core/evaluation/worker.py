@@ -3,9 +3,11 @@
 `EnvHost` runs a command (`reset`, `step`) on its environment and answers `("ok", result,
 seconds)` or `("error", reason, seconds)`, `seconds` the environment's own time (what the
 episode's wall-clock limit counts): whatever the environment raises stays in the answer,
-so a fault is its episode's, never the evaluation's. `serve` is the loop of a worker process
-(`evaluation.vector: async`): it answers commands from its pipe until told to close or the
-pipe closes (the evaluating process went away).
+so a fault is its episode's, never the evaluation's. The frame of a filmed episode is
+rendered after the command, outside `seconds`, and a renderer's fault is the film's alone
+(a `NoFrame` in the frame's place, R-EVAL-5): filming never changes an episode's outcome.
+`serve` is the loop of a worker process (`evaluation.vector: async`): it answers commands
+from its pipe until told to close or the pipe closes (the evaluating process went away).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from typing import Any
 
 from embodichain.core.evaluation.envs import EnvSpec, make_env
+from embodichain.core.evaluation.video import NoFrame, rgb_frame
 
 Answer = tuple[str, Any, float]
 
@@ -46,10 +49,17 @@ class EnvHost:
                 result = (obs, float(reward), bool(terminated), bool(truncated), dict(info))
             else:
                 raise ValueError(f"unknown command {command!r}")
-            frame = self.env.render() if render else None
-            return "ok", (*result, frame), time.perf_counter() - started
         except Exception as exc:
             return "error", fault(exc), time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        return "ok", (*result, self._frame() if render else None), seconds
+
+    def _frame(self) -> Any:
+        """The frame now, as uint8 `[H, W, 3]`, or why there is none (`NoFrame`)."""
+        try:
+            return rgb_frame(self.env.render())
+        except Exception as exc:
+            return NoFrame(f"render: {fault(exc)}")
 
     def rebuild(self) -> None:
         """Drop the environment (after a fault): the next command builds a new one."""

@@ -5,12 +5,19 @@ one fused `torch._foreach_lerp_` (no Python loop over parameters), and the buffe
 copied. Parameters are identical on every rank, so the average is too. Its state is a
 plain model state dict, saved as the learner's `ema` entry: `payload["learner"]["ema"]` of a
 checkpoint loads into the model with `model.load_state_dict(...)`.
+
+Whatever computes with the EMA's weights (validation, the closed loop's policy) gets them
+as `with ema.acting() as model:`, a module of the model's own class (its methods, not only
+`forward`, are there: a policy calls `act_chunk`), under every strategy (R-EVAL-5).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -35,6 +42,11 @@ class Ema:
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._source_buffers)
 
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[nn.Module]:
+        """The averaged copy itself (a module of the model's class)."""
+        yield self.model
+
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
 
@@ -48,12 +60,18 @@ def ema_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
              else f"ema/{k}"): v for k, v in metrics.items()}
 
 
-def validation_models(model: nn.Module, ema: Ema | None, mode: str | None
-                      ) -> list[tuple[nn.Module, Callable[[Mapping[str, float]],
-                                                          Mapping[str, float]]]]:
-    """What validation evaluates, each with how its figures are named."""
+Weights = Callable[[], AbstractContextManager[nn.Module]]
+"""`with weights() as model:` a module of the model's class holding the weights to judge."""
+
+
+def validation_models(model: nn.Module, ema: Any, mode: str | None
+                      ) -> list[tuple[Weights, Callable[[Mapping[str, float]],
+                                                        Mapping[str, float]]]]:
+    """What validation evaluates (the model's weights, the EMA's: an `Ema` or a
+    `ShardedEma`), each with how its figures are named."""
+    own: Weights = functools.partial(contextlib.nullcontext, model)
     if ema is None or mode == "model":
-        return [(model, dict)]
+        return [(own, dict)]
     if mode == "ema":
-        return [(ema.model, dict)]
-    return [(model, dict), (ema.model, ema_metrics)]
+        return [(ema.acting, dict)]
+    return [(own, dict), (ema.acting, ema_metrics)]

@@ -12,6 +12,8 @@ films to the loggers that show videos (TensorBoard, W&B).
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,6 +22,7 @@ import torch
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_name
+from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted, Overrides
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.evaluation.records import (
@@ -57,14 +60,15 @@ def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | No
                                 judge=judge)
 
 
-def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:
-    """The weights that act: the unwrapped model, or the EMA's."""
+def acting_weights(trainer: Evaluating, ema: bool) -> AbstractContextManager[torch.nn.Module]:
+    """`with acting_weights(trainer, ema) as model:` the weights that act, in a module of the
+    model's own class: the unwrapped model, or one holding the EMA's weights (R-EVAL-5)."""
     if ema:
         if trainer.learner.ema is None:
             raise ValidationFailed("the EMA's weights were asked to act, but the run keeps "
                                    "no EMA (trainer.ema)")
-        return trainer.learner.ema.model
-    return trainer.learner.model
+        return trainer.learner.ema.acting()
+    return contextlib.nullcontext(trainer.learner.model)
 
 
 def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
@@ -79,15 +83,15 @@ def run_closed_loop(trainer: Evaluating, *, ema: bool | None = None,
     assert closed_loop is not None
     if ema is None:
         ema = closed_loop.config.acting == "ema"
-    model = acting_model(trainer, ema)
     lockstep = lockstep or trainer.learner.strategy.collective_forward
-    with preserved_rng(trainer.device), torch.no_grad():
+    with acting_weights(trainer, ema) as model, preserved_rng(trainer.device), \
+            torch.no_grad():
         model.eval()
         try:
             return closed_loop.run(model, trainer.device, lockstep=lockstep,
                                    overrides=overrides or Overrides(), progress=progress,
                                    stop=stop)
-        except (ValidationFailed, Interrupted):
+        except (ValidationFailed, Interrupted, UsageError):  # UsageError: eval's --videos, refused
             raise
         except Exception as exc:
             raise ValidationFailed(

@@ -2,8 +2,10 @@
 
 Each rank averages only its own shards of the parameters (`ema = decay * ema + (1 - decay) *
 param`, one fused `_foreach_lerp_`), so the EMA is sharded like the model and saved in each
-rank's shard. Validating the EMA swaps its shards into the sharded model for the forward
-(`view`), which every rank runs together.
+rank's shard. Whatever computes with the EMA's weights (validation, the closed loop) gets the
+sharded model itself, of the model's own class, with the EMA's shards swapped in for the
+whole block (`acting`, which every rank enters together): a policy may call any of its
+methods (`act_chunk`), not only `forward` (R-EVAL-5).
 """
 
 from __future__ import annotations
@@ -71,24 +73,8 @@ class ShardedEma:
                 for (live, _), original in zip(pairs, kept, strict=True):
                     live.copy_(original)
 
-    @property
-    def model(self) -> nn.Module:
-        """The sharded model as it computes with the EMA's weights (for validation)."""
-        return _EmaView(self, self._model)
-
-
-class _EmaView(nn.Module):
-    """Calls the sharded model with the EMA's weights swapped in, one call at a time."""
-
-    def __init__(self, ema: ShardedEma, model: nn.Module) -> None:
-        super().__init__()
-        self.__dict__["_ema"] = ema
-        self.__dict__["_inner"] = model  # not a sub-module: its state is the model's
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        with self._ema.applied():
-            return self._inner(*args, **kwargs)
-
-    def train(self, mode: bool = True) -> _EmaView:
-        self._inner.train(mode)
-        return super().train(mode)
+    @contextlib.contextmanager
+    def acting(self) -> Iterator[nn.Module]:
+        """The sharded model, holding the EMA's weights inside the block (`applied`)."""
+        with self.applied():
+            yield self._model

@@ -164,9 +164,9 @@ class Validation:
         start = time.perf_counter()
         metrics: dict[str, float] = {}
         ema = trainer.config.trainer.ema
-        for model, named in validation_models(trainer.learner.model, trainer.learner.ema,
-                                              ema.validate if ema is not None else None):
-            with preserved_rng(trainer.device), torch.no_grad():
+        for weights, named in validation_models(trainer.learner.model, trainer.learner.ema,
+                                                ema.validate if ema is not None else None):
+            with weights() as model, preserved_rng(trainer.device), torch.no_grad():
                 model.eval()
                 try:
                     metrics.update(named({k: float(v) for k, v in

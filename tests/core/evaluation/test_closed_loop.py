@@ -17,7 +17,7 @@ import yaml
 from tests.support import assert_ok, factories_env, run_cli, run_torchrun
 from tests.support.shared import built_once
 
-EPISODES = 6
+EPISODES = 7  # odd: 2 ranks hold 4 and 3 (contiguous blocks of 7 // 2 would lose one)
 
 
 def write(path: Path, output_dir: Path, *, evaluation: dict | None = None,
@@ -72,9 +72,10 @@ def world_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.mark.slow
 def test_outcomes_do_not_depend_on_world_size_or_strategy(world_runs: dict[str, str]) -> None:
     """Catches: a seed derived from the rank or the slot (records differ on 2 ranks), rank 0
-    alone evaluating (episodes missing), records merged out of order, a rank whose episodes
-    ended skipping forwards under FSDP (its peer hangs or the counts differ), and a policy
-    batch that changes shape with the world size."""
+    alone evaluating (episodes missing), episodes split in contiguous blocks (the odd one
+    lost on 2 ranks), records merged out of order, a rank whose episodes ended skipping
+    forwards under FSDP (its peer hangs or the counts differ), a policy batch that changes
+    shape with the world size, and the return or length metrics summed, not averaged."""
     runs = {name: Path(path) for name, path in world_runs.items()}
     reference = runs["ddp1"]
     for step in (2, 4):
@@ -86,7 +87,13 @@ def test_outcomes_do_not_depend_on_world_size_or_strategy(world_runs: dict[str, 
             assert records(run / "evaluations" / f"update_{step:06d}.jsonl") == expected, name
     metrics = validation_lines(reference)
     assert set(metrics) == {2, 4}
-    assert metrics[4]["validation/success_rate"] == pytest.approx(5 / 6)
+    assert metrics[4]["validation/success_rate"] == pytest.approx(5 / 7)
+    for step in (2, 4):  # the means of the records, not their sums
+        found = records(reference / "evaluations" / f"update_{step:06d}.jsonl")
+        assert metrics[step]["validation/return"] == \
+            pytest.approx(sum(r["return"] for r in found) / EPISODES)
+        assert metrics[step]["validation/episode_length"] == \
+            pytest.approx(sum(r["length"] for r in found) / EPISODES)
     for name, run in runs.items():
         assert validation_lines(run) == metrics, name
     # Under FSDP the forward is collective: both ranks called the policy equally often.
@@ -144,9 +151,18 @@ def test_faults_fail_their_episode_only(tmp_path: Path, vector: str) -> None:
     assert found[2]["length"] == 2  # the failed step is not counted
     assert failures[3] == "non-finite observation"
     assert failures[4].startswith("timeout")
-    assert [r["success"] for r in found] == [True, True, False, False, False, True]
-    assert all(failures[e] is None for e in (0, 1, 5))
+    assert [r["success"] for r in found] == [True, True, False, False, False, True, True]
+    assert all(failures[e] is None for e in (0, 1, 5, 6))
     assert validation_lines(tmp_path / "run")[2]["validation/episode_failures"] == 3
+    if vector == "sync":  # `eval --videos` where nothing can render: refused before it runs
+        for launch in ([], ["--nproc-per-node", "2"]):  # (there: before any worker starts)
+            proc = run_cli("eval", str(tmp_path / "run"), "--videos", "1", *launch, "--out",
+                           str(tmp_path / "films"), env=factories_env(REACH_NO_GL="1"))
+            said = " ".join(proc.stderr.split())
+            assert proc.returncode == 2, said  # one message, not one per worker and torchrun's
+            assert said.count("--videos: episodes are to be filmed") == 1, said
+            assert "MUJOCO_GL" in said and "(--videos 0)" in said and "Traceback" not in said
+            assert not (tmp_path / "films").exists()
 
 
 @pytest.mark.slow
@@ -180,6 +196,52 @@ def test_eval_of_a_checkpoint_equals_its_validation(world_runs: dict[str, str],
     assert not (tmp_path / "ema").exists()
 
 
+@pytest.fixture(scope="module")
+def ema_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The EMA's weights acting (`acting: ema`), the acting layer trained (so the EMA and the
+    model differ), by 2 ranks under DDP and FSDP; and `eval` of the FSDP run's step_4 in one
+    process (which loads the saved EMA into the model)."""
+    def build(root: Path) -> dict[str, str]:
+        runs = {}
+        for strategy in ("ddp", "fsdp"):
+            recipe = write(root / f"{strategy}.yaml", root / strategy,
+                           data={"policy_weight": None}, evaluation={"acting": "ema"},
+                           trainer={"strategy": strategy, "ema": {"decay": 0.5}})
+            assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                                   env=factories_env()))
+            runs[strategy] = str(root / strategy)
+        assert_ok(run_cli("eval", str(root / "fsdp" / "step_4.pt"), "--out",
+                          str(root / "eval"), "--no-progress", env=factories_env()))
+        runs["eval"] = str(root / "eval")
+        return runs
+    return built_once(tmp_path_factory, "closed-loop-ema", build)
+
+
+def without_video(found: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "video"} for r in found]
+
+
+@pytest.mark.slow
+def test_the_emas_weights_act_under_ddp_and_fsdp(ema_runs: dict[str, str]) -> None:
+    """`acting: ema` on 2 ranks: the policy is given a module of the model's own class (the
+    factory's policy refuses anything else) holding the EMA's weights, under DDP and FSDP.
+    Catches: FSDP handing the policy the sharded EMA's call-only view (ALOHA: no
+    `act_chunk`, exit 1), the model's own weights acting instead of the EMA's (the records
+    differ from `eval`'s of the saved EMA), and the model left holding the EMA's weights
+    after the evaluation (training goes on from them: the FSDP run's EMA and losses
+    differ from DDP's)."""
+    evaluated = records(Path(ema_runs["eval"]) / "episodes.jsonl")
+    assert json.loads((Path(ema_runs["eval"]) / "summary.json").read_text())["weights"] == "ema"
+    for strategy in ("ddp", "fsdp"):
+        run = Path(ema_runs[strategy])
+        assert without_video(records(run / "evaluations" / "update_000004.jsonl")) == \
+            without_video(evaluated), strategy
+    losses = {s: [r["train/loss"] for r in (json.loads(x) for x in (Path(ema_runs[s]) /
+              "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
+              for s in ("ddp", "fsdp")}
+    assert losses["ddp"] == pytest.approx(losses["fsdp"], rel=1e-5) and len(losses["ddp"]) == 2
+
+
 def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path) -> None:
     """Each refusal exits 2 naming what is wrong, and writes nothing. Catches: a traceback
     (exit 1) instead, or an evaluation started without a section to say what to run."""
@@ -208,6 +270,15 @@ def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path
         proc = run_cli(*args, env=factories_env())
         assert proc.returncode == 2, proc.stderr
         assert "evaluation.env: 'NoSuchEnv-v0'" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "run" / "run.json").exists()
+    # Films asked for where the environment cannot render (R-EVAL-5): refused at the start,
+    # naming MUJOCO_GL and the fix, not a run whose every film goes missing.
+    recipe = write(tmp_path / "films.yaml", tmp_path / "run")
+    proc = run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                   env=factories_env(REACH_NO_GL="1"))
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "evaluation.videos: episodes are to be filmed" in said
+    assert "REACH_NO_GL is set" in said and "MUJOCO_GL=egl" in said, said
     assert not (tmp_path / "run" / "run.json").exists()
     # The EMA asked to act in a run that keeps none: the recipe itself is refused.
     recipe = write(tmp_path / "ema.yaml", tmp_path / "run", evaluation={"acting": "ema"})

@@ -134,3 +134,66 @@ def test_validate_ema_reports_the_average_as_validation(tmp_path: Path) -> None:
     with torch.no_grad():
         expected = masked_mse(model.eval(), make_corpus(1024, validation_seed(1234))).loss
     assert record["validation/mse"] == expected.item()
+
+
+class ChunkPolicy(nn.Module):
+    """A model with a method beyond `forward` that a policy calls (as ALOHA's `act_chunk`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 2)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def act_chunk(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x) * self.scale
+
+
+@pytest.mark.parametrize("kind", ["Ema", "ShardedEma"])
+def test_the_emas_weights_act_in_a_module_of_the_models_class(kind: str) -> None:
+    """`run_closed_loop` with `acting: ema` (DDP's Ema, FSDP's ShardedEma on the model it
+    averages), under a strategy whose forward is collective. Catches: the policy given the
+    sharded EMA's call-only view (no `act_chunk`: ALOHA's crash under fsdp), the model's own
+    weights acting, the model not holding its own weights again afterwards, and ranks not
+    stepping in lockstep although the strategy's forward is collective."""
+    from types import SimpleNamespace
+
+    from embodichain.core.training.evaluating import run_closed_loop
+    from embodichain.core.training.sharded_ema import ShardedEma
+
+    torch.manual_seed(0)
+    model = ChunkPolicy()
+    ema = {"Ema": Ema, "ShardedEma": ShardedEma}[kind](model, 0.5)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # an update
+    ema.update()
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = ChunkPolicy()
+    expected.load_state_dict({k: 0.5 * start[k] + 0.5 * own[k] if k != "scale" else own[k]
+                              for k in own})
+    x = torch.randn(4, 3)
+    seen: dict = {}
+
+    class ClosedLoop:
+        config = SimpleNamespace(acting="ema")
+
+        def run(self, acting: nn.Module, device: torch.device, *, lockstep: bool,
+                **_: object) -> None:
+            seen.update(cls=type(acting), chunk=acting.act_chunk(x), lockstep=lockstep,
+                        training=acting.training)
+
+    trainer = SimpleNamespace(
+        closed_loop=ClosedLoop(), device=CPU, step=1,
+        learner=SimpleNamespace(model=model, ema=ema,
+                                strategy=SimpleNamespace(collective_forward=True)))
+    run_closed_loop(trainer)
+    assert issubclass(seen["cls"], ChunkPolicy) and not seen["training"]
+    assert torch.allclose(seen["chunk"], expected.act_chunk(x), atol=1e-6)
+    assert not torch.allclose(seen["chunk"], model.act_chunk(x))  # not the model's weights
+    assert seen["lockstep"] is True
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, own[key]), key

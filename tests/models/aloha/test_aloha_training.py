@@ -72,6 +72,27 @@ def test_resume_under_two_ranks_is_bitwise(demonstrations: Path, reference: Path
     assert [r for r in comparable_records(tmp_path / "run") if r["step"] > 3] == after
 
 
+@pytest.mark.slow  # torchrun workers and a simulator
+def test_under_fsdp_the_emas_weights_act_through_act_chunk(demonstrations: Path,
+                                                           tmp_path: Path) -> None:
+    """Two ranks under `trainer.strategy: fsdp` with `evaluation.acting: ema`, 2 updates:
+    the validation's closed loop runs and the snapshot is written. Catches the policy handed
+    the sharded EMA's call-only view ("'_EmaView' object has no attribute 'act_chunk'",
+    exit 1, no snapshot)."""
+    recipe = tiny_recipe(tmp_path / "r.yaml", demonstrations, tmp_path / "run",
+                         **{"trainer.strategy": "fsdp", "trainer.ema": {"decay": 0.9},
+                            "trainer.max_updates": 2, "trainer.save_every": 2,
+                            "trainer.validate_every": 2, "evaluation.acting": "ema",
+                            "evaluation.max_steps": 5})
+    assert_ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress",
+                           cwd=tmp_path, env=worker_env()))
+    episodes = [json.loads(line) for line in
+                (tmp_path / "run/evaluations/update_000002.jsonl").read_text().splitlines()]
+    assert [(e["seed"], e["length"], e["failure"]) for e in episodes] == \
+        [(100000, 5, None), (100001, 5, None)]
+    assert (tmp_path / "run/last.pt").is_file()
+
+
 def _model(cvae: bool = False) -> ActPolicy:
     stats = {k: {"mean": torch.linspace(-1, 1, d), "std": torch.linspace(0.5, 2, d)} for k, d
              in (("observation.state", 14), ("observation.environment_state", 7),

@@ -209,3 +209,30 @@ def test_an_undecodable_frame_during_training_exits_1_naming_it(dataset: Path,
     assert "loading example" in message and "file-000.mp4" in message, message
     assert "episode " in message and "frame " in message, message
     assert "no snapshot was saved" in message, message
+
+
+@pytest.mark.slow  # torchrun workers, then eval
+def test_under_fsdp_the_emas_weights_act_as_eval_of_the_saved_ema(dataset: Path,
+                                                                   tmp_path: Path) -> None:
+    """Two ranks under `trainer.strategy: fsdp` with `evaluation.acting: ema`: the closed
+    loop at update 4 gives the episodes `eval` of the snapshot gives in one process (it loads
+    the saved EMA into the model), bitwise. Catches the policy handed the sharded EMA's
+    call-only view instead of a ChunkPolicy, and the model's own weights acting."""
+    from tests.support.processes import run_torchrun
+
+    recipe = _recipe(tmp_path, dataset, max_updates=4, save_every=4, validate_every=4,
+                     log_every=2, strategy="fsdp", ema={"decay": 0.5})
+    data = yaml.safe_load(recipe.read_text())
+    data["evaluation"]["acting"] = "ema"
+    recipe.write_text(yaml.safe_dump(data))
+    _ok(run_torchrun("train-sl", "--config", str(recipe), "--no-progress", cwd=tmp_path,
+                     env=_env(), timeout=TIMEOUT))
+    _ok(cli("eval", str(tmp_path / "run" / "last.pt"), "--out", str(tmp_path / "eval"),
+            "--no-progress", cwd=tmp_path))
+
+    def episodes(path: Path) -> list[dict]:
+        return [{k: v for k, v in json.loads(x).items() if k != "video"}
+                for x in path.read_text().splitlines()]
+
+    validated = episodes(tmp_path / "run" / "evaluations" / "update_000004.jsonl")
+    assert len(validated) == 2 and validated == episodes(tmp_path / "eval" / "episodes.jsonl")
