@@ -1,5 +1,5 @@
 """`embodichain export --policy`: a trained policy as one ONNX / `.pt2` artifact that acts
-like its checkpoint, run by `embodichain_models.deploy.runner` (R-DEPLOY-1, issue 44).
+like its checkpoint, run by `embodichain.core.deploy.runner` (R-DEPLOY-1, issue 44).
 
 One tiny cart-pole behaviour-cloning run (32x32 camera, 6 episodes, 8 updates) is exported
 in both formats once and shared by the tests."""
@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
-from embodichain_models.deploy.runner import ObservationError, PolicyRunner, read_interface
 from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.deploy.runner import ObservationError, PolicyRunner, read_interface
 from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
 from tests.support.cli import invoke
 

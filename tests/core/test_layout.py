@@ -3,7 +3,8 @@
 Catches: an import cycle between two modules (e.g. trainer <-> callbacks, also through a
 function-level or TYPE_CHECKING import), a cycle between `core` sub-packages, a bottom
 sub-package (recipe, data, distributed) importing another one, anything importing
-`core.launch`, a module importing another module's private name, and a module over 450 lines.
+`core.launch`, a module importing another module's private name, a module over 450 lines, and
+the framework importing the models plugin (R-LAYER-1).
 """
 
 from __future__ import annotations
@@ -117,6 +118,16 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_module_is_short_enough(name: str) -> None:
     lines = len(MODULES[name].read_text().splitlines())
     assert lines <= MAX_LINES, f"{MODULES[name]} has {lines} lines (at most {MAX_LINES})"
+
+
+def test_the_framework_never_imports_the_models_plugin() -> None:
+    """R-LAYER-1: the framework sits below its plugins. Catches `embodichain/core/deploy/
+    evaluate.py` taking the artifact runner from `embodichain_models.deploy.runner` (then
+    `embodichain eval ARTIFACT` fails for a user who installed only embodichain), or any other
+    module of `embodichain/` importing `embodichain_models` (also inside a function)."""
+    bad = [f"{name} imports {target}" for name in MODULES for target, _ in imports_of(name)
+           if target.split(".")[0] == "embodichain_models"]
+    assert not bad, "\n".join(bad)
 
 
 def test_the_checks_can_fail() -> None:

@@ -2,7 +2,7 @@
 
 An artifact exported from a run whose recipe has an `evaluation` section carries that
 section in its interface; the episodes run in that environment with the same seeds, the
-acting policy being `embodichain_models.deploy.runner.PolicyRunner` over the artifact (no
+acting policy being `embodichain.core.deploy.runner.PolicyRunner` over the artifact (no
 factory, no checkpoint), given the interface's keys of the environment's observations.
 Success is the environment's `info["is_success"]` (a factory's own success predicate does
 not travel with the artifact). One process.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.deploy import runner
 from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
 from embodichain.core.evaluation.records import EvaluationResult, summary
@@ -36,22 +37,12 @@ def is_artifact(path: Path) -> bool:
     return path.suffix in ARTIFACT_SUFFIXES and path.is_file()
 
 
-def _runner_module() -> Any:
-    try:
-        from embodichain_models.deploy import runner
-    except ImportError as exc:
-        raise UsageError("evaluating an exported policy needs its runner: pip install "
-                         f"'embodichain-models[deploy]' ({exc})") from None
-    return runner
-
-
 def evaluate_artifact(path: Path, *, out: Path | None = None,
                       overrides: Overrides | None = None, progress: Any = None
                       ) -> tuple[ArtifactTarget, EvaluationResult]:
     """Run the artifact's evaluation episodes; write episodes.jsonl, summary.json (and
     films) into `out` (default: beside the artifact, `<name>_eval/`)."""
     overrides = overrides or Overrides()
-    runner = _runner_module()
     try:
         interface = runner.read_interface(path)
     except (runner.ArtifactError, ValueError) as exc:

@@ -72,9 +72,9 @@ def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
     recipe's (e.g. the newest chunk weighted most): driven by the runner on the evaluation
     seeds, the ONNX artifact gives the checkpoint policy's joint states step by step (to
     float32 rounding) and its outcomes."""
-    from embodichain_models.deploy.runner import PolicyRunner
     from embodichain_models.policies.aloha.sl_recipe import policy_factory
 
+    from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model
 
     artifact = act_run.parent / "act.onnx"

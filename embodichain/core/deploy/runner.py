@@ -1,4 +1,6 @@
-"""Run an exported policy (`embodichain export --policy`) without the framework.
+"""Run an exported policy (`embodichain export --policy`) without the framework: this module
+imports nothing of embodichain and no torch at module level (design R-LAYER-1), so it runs
+on a robot holding numpy and onnxruntime alone (or copied there as one file).
 
 An ONNX artifact needs numpy and onnxruntime only; a `.pt2` artifact needs torch (imported
 when one is opened). The artifact carries its interface (design R-DEPLOY-1): the ONNX
