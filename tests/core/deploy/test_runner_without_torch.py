@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -115,7 +116,8 @@ def test_onnx_runner_needs_only_onnxruntime_and_numpy(
     python = torch_free_python(tmp_path_factory)
     proc = subprocess.run([str(python), "-c", SCRIPT, str(ROOT), str(artifact),
                            str(tmp_path / "x.npy")], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                          timeout=120, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["modules"] == ["embodichain", "embodichain.core", "embodichain.core.deploy",
