@@ -9,7 +9,7 @@ import typer
 
 from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, env_rank, reported_errors
-from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, launch_if_asked
+from embodichain.cli.launching import NoProgressOpt, NprocOpt, launch_if_asked
 
 
 def evaluate(

@@ -130,6 +130,18 @@ def test_the_framework_never_imports_the_models_plugin() -> None:
     assert not bad, "\n".join(bad)
 
 
+def test_no_command_borrows_from_another_command() -> None:
+    """A helper two commands share lives in a module both can see (cli/common.py,
+    cli/launching.py), not in one command's module. Catches `cli/eval_cmd.py` taking
+    `launch_if_asked` or the launch options from `cli/train_cmd.py`, and `config_cmd.py`
+    taking `print_recipe` from it."""
+    commands = {name for name in MODULES if name.startswith("embodichain.cli.")
+                and name.endswith("_cmd")}
+    bad = [f"{name} imports {target}" for name in commands for target, _ in imports_of(name)
+           if target in commands and target != name]
+    assert not bad, "\n".join(bad)
+
+
 def test_the_checks_can_fail() -> None:
     """The cycle finder itself: a two-module cycle and a three-module one are found."""
     assert find_cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
