@@ -1,12 +1,14 @@
 """`embodichain eval`: a checkpoint's policy judged in closed loop, without training (R-EVAL-1).
 
-Rank 0 reads the checkpoint (a run directory means its newest snapshot) and its stored
-recipe; every rank builds the recipe's trainer from its factory with the checkpoint's
-weights (the EMA's with `--ema` or `evaluation.acting: ema`), as `--init-from` loads them,
-and runs its share of the episodes; rank 0 writes `episodes.jsonl`, `summary.json` and the
-films into the output directory. The evaluation is the one validation runs, so the numbers
-are those of the validation at the checkpoint's update (with the recipe's episodes and
-seed), on any world size.
+Rank 0 reads the checkpoint (a run directory means its newest snapshot), its stored recipe
+and what its factory derived from the data (`model_facts`); every rank builds the recipe's
+trainer from its factory, rebuilt only to act (no data read, no sampler: the dataset may be
+gone and the world size need not divide `trainer.global_batch_size`, R-EVAL-5), with the
+checkpoint's weights (the EMA's with `--ema` or `evaluation.acting: ema`), as `--init-from`
+loads them, and runs its share of the episodes; rank 0 writes `episodes.jsonl`,
+`summary.json` and the films into the output directory. The evaluation is the one
+validation runs, so the numbers are those of the validation at the checkpoint's update
+(with the recipe's episodes and seed), on any world size.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
 from embodichain.core.launch.train import build_trainer
 from embodichain.core.observe.progress import configure_logging
-from embodichain.core.recipe.loading import Recipe
+from embodichain.core.recipe.loading import Recipe, for_world_size, validate_recipe
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
+from embodichain.core.training.model_facts import rebuilding_to_act, run_record
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class Target:
     config: dict[str, Any]
     out: str
     ema: bool
+    model_facts: dict[str, Any] | None = None
 
 
 def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
@@ -79,7 +83,8 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
-    return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema)
+    return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema,
+                  run_record(run))
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
@@ -87,15 +92,15 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                         progress: Any = None) -> tuple[Target, EvaluationResult | None]:
     """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
     written it (None elsewhere)."""
-    from embodichain.core.launch.api import load_recipe
-
     overrides = overrides or Overrides()
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
         "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
-    recipe: Recipe = load_recipe(found.config, source=f"{found.checkpoint} (stored recipe)",
-                                 warn=False)
-    with process_group.distributed_run(recipe.config.device) as device:
+    # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
+    recipe: Recipe = for_world_size(validate_recipe(
+        found.config, source=f"{found.checkpoint} (stored recipe)"), 1)
+    with process_group.distributed_run(recipe.config.device) as device, \
+            rebuilding_to_act(found.model_facts):
         trainer = build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
                                                                    ema=found.ema))
         try:
