@@ -21,14 +21,20 @@ from typing import Any
 from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointError, UsageError
+from embodichain.core.evaluation.admission import check_overrides, refuse_demonstration_seeds
 from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
 from embodichain.core.launch.train import build_trainer
 from embodichain.core.observe.progress import configure_logging
+from embodichain.core.recipe.evaluation_schema import EvaluationConfig
 from embodichain.core.recipe.loading import Recipe, for_world_size, validate_recipe
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
-from embodichain.core.training.model_facts import rebuilding_to_act, run_record
+from embodichain.core.training.model_facts import (
+    demonstration_seeds,
+    rebuilding_to_act,
+    run_record,
+)
 
 
 @dataclass(frozen=True)
@@ -49,11 +55,7 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
     from embodichain.core.checkpoint.file import read_checkpoint
     from embodichain.core.runs.snapshots import newest_snapshot
 
-    for name, value in (("--episodes", overrides.episodes), ("--videos", overrides.videos)):
-        if value is not None and value < (1 if name == "--episodes" else 0):
-            raise UsageError(f"{name}: expected {'a positive' if name == '--episodes' else 'a'}"
-                             f" {'integer' if name == '--episodes' else 'non-negative integer'}"
-                             f", got {value}")
+    check_overrides(overrides.episodes, overrides.videos)
     if target.is_dir():
         snapshot = newest_snapshot(target)
         if snapshot is None:
@@ -76,6 +78,10 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"the recipe of {path} has no evaluation section: nothing says which "
                          "environment to run (add one, docs/evaluation.md, and train again, "
                          "or resume with it: it is a resumable change)")
+    section = EvaluationConfig.model_validate(config["evaluation"])
+    refuse_demonstration_seeds(overrides.seed if overrides.seed is not None else section.seed,
+                               overrides.episodes or section.episodes,
+                               demonstration_seeds(run), f"{path}")
     acting_ema = ema or config["evaluation"].get("acting") == "ema"
     if acting_ema and not (config.get("trainer") or {}).get("ema"):
         raise UsageError(f"--ema: the run of {path} keeps no EMA (trainer.ema); drop --ema")

@@ -18,6 +18,11 @@ import torch
 
 from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
+from embodichain.core.evaluation.admission import (
+    check_first_act,
+    describe_interface,
+    refuse_demonstration_seeds,
+)
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
 from embodichain.core.evaluation.policy import MakePolicy, Success
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, evaluation_name
@@ -32,6 +37,7 @@ class Evaluating(Protocol):
     device: torch.device
     step: int
     run: Any
+    demonstration_seeds: list[int]
 
 SUCCESS_RATE = ("validation/success_rate", "max")
 
@@ -46,6 +52,34 @@ def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | No
         return None
     return ClosedLoopEvaluation(section, policy, success,
                                 factory=f"factory {getattr(config, 'factory', '?')!r}")
+
+
+def check_acting(trainer: Evaluating, factory: str) -> None:
+    """Before training (and `eval`), on every rank: the policy acts once on a reset
+    observation; a misfit is refused naming both sides (R-EVAL-6). The recipe's evaluation
+    seeds among `trainer.demonstration_seeds` are refused too."""
+    closed_loop = trainer.closed_loop
+    if closed_loop is None:
+        return
+    c = closed_loop.config
+    refuse_demonstration_seeds(c.seed, c.episodes, trainer.demonstration_seeds,
+                               "evaluation.seed")
+    ema = c.acting == "ema" and trainer.learner.ema is not None
+    model = acting_model(trainer, ema)
+    declared = getattr(model, "interface", None)
+    try:
+        takes = describe_interface(declared()["observations"]) if callable(declared) else None
+    except Exception:  # noqa: BLE001 - a model's own description is only a hint here
+        takes = None
+    with preserved_rng(trainer.device), torch.no_grad():
+        model.eval()
+        try:
+            check_first_act(c, closed_loop.make_policy(model, trainer.device),
+                            (closed_loop.facts.observation_space,
+                             closed_loop.facts.action_space),
+                            takes, f"the policy of factory {factory!r}")
+        finally:
+            model.train()
 
 
 def acting_model(trainer: Evaluating, ema: bool) -> torch.nn.Module:

@@ -30,6 +30,8 @@ from embodichain.core.errors import UsageError
 
 RUN_KEY = "model_facts"
 """The checkpoint run record's entry (`payload["run"]["model_facts"]`)."""
+DEMONSTRATION_SEEDS = "demonstration_seeds"
+"""The run record's entry of the environment seeds the training data was recorded with."""
 
 _REBUILDING: contextvars.ContextVar[tuple[dict[str, Any] | None] | None] = \
     contextvars.ContextVar("embodichain_rebuilding_to_act", default=None)
@@ -79,6 +81,11 @@ def run_record(payload_run: Mapping[str, Any]) -> dict[str, Any] | None:
     """The facts a checkpoint's run record holds (None: written before they were kept)."""
     facts = payload_run.get(RUN_KEY)
     return dict(facts) if isinstance(facts, Mapping) else None
+
+
+def demonstration_seeds(payload_run: Mapping[str, Any]) -> list[int]:
+    """The demonstration seeds a checkpoint's run record holds (none: [])."""
+    return [int(s) for s in payload_run.get(DEMONSTRATION_SEEDS) or []]
 
 
 def _plain(value: Any) -> Any:

@@ -35,6 +35,7 @@ from embodichain.core.training.checkpointing import Checkpointing, RunContext, r
 from embodichain.core.training.ema import validation_models
 from embodichain.core.training.evaluating import (
     SUCCESS_RATE,
+    check_acting,
     closed_loop_of,
     record_closed_loop,
     run_closed_loop,
@@ -65,7 +66,9 @@ class SupervisedTrainer:
     `info["is_success"]`; R-EVAL-1, docs/evaluation.md).
     `model_facts`: what the model was built from that the data gave (JSON values), written
     into every checkpoint, so `eval` and `export` rebuild it without the data (R-EVAL-5,
-    core/training/model_facts.py); `source` is None only then.
+    core/training/model_facts.py); `source` is None only then. `demonstration_seeds`: the
+    environment seeds the data was recorded with (kept in checkpoints); evaluation seeds
+    among them are refused (R-EVAL-6).
     """
 
     def __init__(
@@ -85,11 +88,13 @@ class SupervisedTrainer:
         policy: MakePolicy | None = None,
         success: Success | None = None,
         model_facts: Mapping[str, Any] | None = None,
+        demonstration_seeds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.device = device
         self.source = source
         self.model_facts = recorded(model_facts, getattr(config, "factory", "?"))
+        self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
         self.objective = objective
         self.evaluate = evaluate
         self.callbacks = list(callbacks)
@@ -117,6 +122,7 @@ class SupervisedTrainer:
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler, self.loader = data_of(config, source, device)
+        check_acting(self, getattr(config, "factory", "?"))  # before training (R-EVAL-6)
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}

@@ -29,6 +29,7 @@ from embodichain_models.policies.aloha.tasks import (
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
+    INFO_FILE,
     JOINT_NAMES,
     TASKS,
     AlohaTask,
@@ -36,7 +37,6 @@ from embodichain_models.policies.aloha.tasks import (
 )
 
 IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
-INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success rate
 
 
 def features(task: AlohaTask, cameras: Sequence[str], size: tuple[int, int]) -> dict:

@@ -71,7 +71,7 @@ def model_facts(data: ActData) -> dict:
 
 
 def build_supervised_trainer(config: ActConfig, device: torch.device) -> SupervisedTrainer:
-    if config.evaluation is not None:
+    if getattr(config, "evaluation", None) is not None:
         require_sim()  # the evaluation runs gym-aloha: say so before anything is read
     task = TASKS[config.data.task]
     check_evaluation(config, task)
@@ -103,7 +103,8 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
                              objective=objective, device=device,
                              evaluate=evaluate if data and data.held_out is not None else None,
                              policy=policy_factory(model.shape.execution),
-                             best=("validation/success_rate", "max"), model_facts=facts)
+                             best=("validation/success_rate", "max"), model_facts=facts,
+                             demonstration_seeds=data.seeds if data else ())
 
 
 build_supervised_trainer.config_schema = ActConfig

@@ -23,6 +23,9 @@ JOINT_NAMES = [f"{side}_{joint}" for side in ("left", "right") for joint in
 0 closed, 1 open)."""
 EVAL_SEED = 100_000
 """Evaluation episodes are reset with seeds from here up; demonstrations use seeds below."""
+INFO_FILE = "meta/aloha.json"
+"""`prepare`'s report in a dataset: the task, the demonstrations' seeds (an evaluation on
+them is refused), the expert's success rate."""
 
 
 def _pose_names(body: str) -> list[str]:
