@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -379,6 +380,9 @@ def _open_pt2(path: Path) -> tuple[Callable[[Sequence[np.ndarray]], np.ndarray],
     import torch
 
     extra = {PT2_INTERFACE_FILE: ""}
+    if not zipfile.is_zipfile(path):  # torch would log its fallback's traceback first
+        raise ArtifactError(f"{path} is not a torch.export program torch can load (not a "
+                            "zip archive)")
     try:
         program = torch.export.load(str(path), extra_files=extra)
     except Exception as exc:  # noqa: BLE001 - BadZipFile, RuntimeError, KeyError, ...
