@@ -59,7 +59,9 @@ def trained_model(checkpoint: Path, data: Mapping[str, Any] | None = None, *,
     trainer_section.update({"strategy": "ddp", "compile": False, "data_workers": 0,
                             "save_best": False, "early_stop": None})  # nothing validates
     trainer_section.pop("fsdp", None)
-    recipe = for_world_size(validate_recipe(raw, source=f"{checkpoint} (stored recipe)"), 1)
+    with rebuilding_to_act(run_record(run)):  # the recipe's data need not be there
+        recipe = for_world_size(validate_recipe(raw, source=f"{checkpoint} (stored recipe)"),
+                                1)
     with process_group.distributed_run("cpu") as device, \
             rebuilding_to_act(run_record(run)):
         built = recipe.factory(recipe.config, device)

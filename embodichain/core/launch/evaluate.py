@@ -103,8 +103,9 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
     found = Target(**process_group.from_rank_zero_before_group(
         "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
     # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
-    recipe: Recipe = for_world_size(validate_recipe(
-        found.config, source=f"{found.checkpoint} (stored recipe)"), 1)
+    with rebuilding_to_act(found.model_facts):  # the recipe's data need not be there
+        recipe: Recipe = for_world_size(validate_recipe(
+            found.config, source=f"{found.checkpoint} (stored recipe)"), 1)
     with process_group.distributed_run(recipe.config.device) as device, \
             rebuilding_to_act(found.model_facts):
         trainer = build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
@@ -115,12 +116,14 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                                      progress=progress, lockstep=True)
         finally:
             trainer.close()
+        world_size = process_group.world_size()  # the group is gone after this block
     if result is not None:
-        write_result(found, result, overrides)
+        write_result(found, result, overrides, world_size)
     return found, result
 
 
-def write_result(found: Target, result: EvaluationResult, overrides: Overrides) -> None:
+def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
+                 world_size: int) -> None:
     """Rank 0: episodes.jsonl, videos/ and summary.json into the output directory."""
     out = Path(found.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,5 +133,5 @@ def write_result(found: Target, result: EvaluationResult, overrides: Overrides) 
              "environment": evaluation["env"].get("id") or evaluation["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
              "weights": "ema" if found.ema else "model",
-             "world_size": process_group.world_size()}
+             "world_size": world_size}
     (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

@@ -57,8 +57,9 @@ def facts_from_checkpoint() -> dict[str, Any] | None:
 
 
 def only_acting() -> bool:
-    """Whether the factory now running builds a checkpoint's model only to act: its trainer
-    takes no data (no sampler, no loader) and will never train."""
+    """Whether the recipe now validated, and the factory now running, rebuild a checkpoint's
+    model only to act: no data is read (a schema's check that a dataset exists passes), its
+    trainer takes no sampler or loader and will never train."""
     return _REBUILDING.get() is not None
 
 

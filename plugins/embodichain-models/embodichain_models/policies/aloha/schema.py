@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.learning.sl import Section
+from embodichain.learning.sl import Section, only_acting
 from embodichain_models.policies.aloha.tasks import TASKS
 
 PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
@@ -27,6 +27,8 @@ PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task T
 
 
 def _dataset_root(path: Path) -> Path:
+    if only_acting():  # a checkpoint's model rebuilt to act (eval, export): no data read
+        return path
     if not (path / "meta" / "info.json").is_file():
         what = "not found" if not path.exists() else "has no meta/info.json"
         raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "

@@ -17,12 +17,14 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.learning.sl import LOCATES_DATA, Section
+from embodichain.learning.sl import LOCATES_DATA, Section, only_acting
 
 PREPARE_COMMAND = "python -m embodichain_models.policies.cartpole_bc.prepare --out DIR"
 
 
 def _dataset_root(path: Path) -> Path:
+    if only_acting():  # a checkpoint's model rebuilt to act (eval, export): no data read
+        return path
     if not (path / "meta" / "info.json").is_file():
         what = "not found" if not path.exists() else "has no meta/info.json"
         raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
