@@ -263,6 +263,26 @@ def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy")]
 
 
+def test_a_forward_shorter_than_its_declared_chunk_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 5's hand-made bug 9 at export: a deployable forward giving 3 actions where its
+    interface() declares a chunk of 4 was published (the artifact and the eager model agree
+    with each other), and a runner would execute the short chunk as if whole. Refused (exit
+    2) naming both shapes; nothing written."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"factory": "deploying:short", "trainer.max_updates": 1,
+                             "trainer.save_every": 1})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env()))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
+    out = tmp_path / "policy.onnx"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.stderr.split())
+    assert "returns [2, 3, 2] for a batch of 2" in said and "says [2, 4, 2]" in said
+    assert not out.exists()
+
+
 def test_a_model_without_deployable_forward_is_refused(tmp_path: Path) -> None:
     """Catches an export of the training model itself (the objective's forward) when the
     factory declares nothing: sl_ddp's model has no deployable() and is refused, exit 2."""

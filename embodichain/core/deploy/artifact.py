@@ -91,7 +91,6 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
         interface["evaluation"] = json.loads(json.dumps(evaluation))
     flat = Flat(module, list(interface["observations"])).eval()
     what = f"the deployable forward of factory {trained.factory!r}'s model"
-    _check_declared_output(flat, interface, what)
     program = export_program(flat, interface, what)
     with published_atomically(out, keep_suffix=True) as tmp:  # exporters tell the format by it
         if fmt == "onnx":
@@ -101,19 +100,6 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
                 PT2_INTERFACE_FILE: json.dumps(interface)})
         difference = _check_artifact(tmp, fmt, flat, interface)
     return ExportedPolicy(out, fmt, trained.step, interface, difference)
-
-
-def _check_declared_output(flat: Flat, interface: dict[str, Any], what: str) -> None:
-    """Refuse a forward whose output is not `[B, *action shape]` (e.g. a chunk shorter than
-    the declared `chunk`: a runner would execute it as whole)."""
-    with torch.no_grad():
-        got = list(flat(*example_inputs(interface, 2)).shape)
-    want = [2, *interface["action"]["shape"]]
-    if got != want:
-        raise UsageError(f"{what} gives {got} for a batch of 2; its interface() declares "
-                         f"[batch, *{want[1:]}]"
-                         + (f" (chunk {interface['chunk']})" if "chunk" in interface else "")
-                         + ". Nothing was written")
 
 
 def _write_onnx(program: torch.export.ExportedProgram, interface: dict[str, Any], path: Path,
