@@ -61,7 +61,8 @@ def describe_interface(observations: Mapping[str, Any]) -> str:
 
 def check_first_act(config: EvaluationConfig, policy: ClosedLoopPolicy, spaces: Any,
                     takes: str | None, where: str) -> None:
-    """Act once on the reset observation of one environment (seed `config.seed`);
+    """Act once on the reset observation of one environment (seed `config.seed`), given in
+    every one of the `envs_per_rank` rows;
     UsageError naming the environment's observations and what the policy `takes` (None:
     not declared) when the policy fails or its action does not fit the action space. An
     environment that fails its reset is left to the episodes (a fault fails an episode,
@@ -75,8 +76,9 @@ def check_first_act(config: EvaluationConfig, policy: ClosedLoopPolicy, spaces: 
             observation, _ = env.reset(seed=config.seed)
         except Exception:  # noqa: BLE001 - the environment's fault: the episode's business
             return
-        batch = concatenate(observation_space, [observation],
-                            create_empty_array(observation_space, 1, fn=np.zeros))
+        slots = config.envs_per_rank  # every slot's row, as the episodes' first step
+        batch = concatenate(observation_space, [observation] * slots,
+                            create_empty_array(observation_space, slots, fn=np.zeros))
         gives = describe(observation_space)
         policy_takes = f"; the policy takes {takes}" if takes else ""
         try:
@@ -89,11 +91,11 @@ def check_first_act(config: EvaluationConfig, policy: ClosedLoopPolicy, spaces: 
                              f"{gives}{policy_takes}. Nothing was started.") from None
         if hasattr(action, "detach"):
             action = action.detach().cpu().numpy()
-        want = batch_space(action_space, 1).shape
+        want = batch_space(action_space, slots).shape
         got = None if isinstance(action, Mapping) else np.shape(action)
         if want is not None and got is not None and np.prod(got) != np.prod(want):
-            raise UsageError(f"{where} gives actions of shape {list(got)} for one "
-                             f"observation; the environment takes {list(want)} "
+            raise UsageError(f"{where} gives actions of shape {list(got)} for "
+                             f"{slots} observations; the environment takes {list(want)} "
                              f"({describe(action_space)}). Nothing was started.")
     finally:
         env.close()
