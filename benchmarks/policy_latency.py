@@ -78,9 +78,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from embodichain_models.deploy.runner import PolicyRunner
 
     from embodichain.core.deploy.program import Flat, deployable_of
+    from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model
 
     torch.set_num_threads(args.threads)

@@ -164,3 +164,14 @@ def run_snapshot(directory: Path) -> tuple[Path, dict[str, Any]]:
     if snapshot.note:
         error_console().print(f"note: {snapshot.note}")
     return snapshot.path, snapshot.data
+
+
+def print_recipe(resolved: dict) -> None:
+    """The resolved recipe as YAML on stdout (rank 0)."""
+    import yaml
+    from rich.console import Console
+    from rich.syntax import Syntax
+
+    text = yaml.safe_dump(resolved, sort_keys=False)
+    if env_rank() == 0:
+        Console().print(Syntax(text, "yaml", theme="ansi_dark", background_color="default"))

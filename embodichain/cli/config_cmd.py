@@ -32,7 +32,7 @@ def validate_config(
     """Validate a recipe: framework and factory schema, factory, data paths, and the sizes
     this machine can serve. Exit 0 or 2."""
     with reported_errors(debug):
-        from embodichain.cli.train_cmd import print_recipe
+        from embodichain.cli.common import print_recipe
         from embodichain.core.recipe.loading import known_world_size, load_recipe
         from embodichain.core.runs.run_dir import output_dir_problem
 

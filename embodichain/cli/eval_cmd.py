@@ -9,7 +9,7 @@ import typer
 
 from embodichain.cli import completion
 from embodichain.cli.common import DEBUG_HELP, env_rank, reported_errors
-from embodichain.cli.train_cmd import NoProgressOpt, NprocOpt, launch_if_asked
+from embodichain.cli.launching import NoProgressOpt, NprocOpt, launch_if_asked
 
 
 def evaluate(
@@ -36,35 +36,56 @@ def evaluate(
     no_progress: NoProgressOpt = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
-    """Run a checkpoint's policy for the recipe's evaluation episodes, without training.
+    """Run a checkpoint's policy (or an exported one) for the recipe's evaluation episodes,
+    without training.
 
     The episodes are spread over the workers (one process, torchrun, or --nproc-per-node);
     the numbers are those of the validation at the checkpoint's update, on any world size.
+    Only the checkpoint (or artifact) and the environment are needed: not the training data.
     """
     with reported_errors(debug):
+        from embodichain.core.errors import UsageError
         from embodichain.core.evaluation.closed_loop import Overrides
-
-        if target.suffix in (".onnx", ".pt2"):  # an exported policy (export --policy)
-            _evaluate_artifact(target, Overrides(episodes, seed, videos), ema, out,
-                               nproc_per_node, not no_progress)
-            return
-        from embodichain.core.launch.evaluate import evaluate_checkpoint, find_target
         from embodichain.core.launch.self_launch import should_launch, worker_command
 
         overrides = Overrides(episodes, seed, videos)
+        artifact = target.suffix in (".onnx", ".pt2")  # an exported policy (export --policy)
+        if artifact and ema:
+            raise UsageError(f"{target} is an exported policy: its weights are fixed (no --ema)")
         if should_launch(nproc_per_node):  # bad input refused before any worker starts
-            found = find_target(target, out, overrides, ema)
-            if videos:  # where nothing renders: here, not by every worker (exit 2)
-                _check_films(found.config["evaluation"])
+            _check(target, artifact, out, overrides, ema, videos)
         launch_if_asked(nproc_per_node, 0, lambda: worker_command(
             "eval", [("--episodes", episodes), ("--seed", seed), ("--videos", videos),
                      ("--ema", ema), ("--out", out), ("--no-progress", no_progress),
                      ("--debug", debug)], [str(target)]))
         with _progress(not no_progress and env_rank() == 0) as progress:
-            found, result = evaluate_checkpoint(target, out=out, overrides=overrides, ema=ema,
-                                                progress=progress)
+            if artifact:
+                from embodichain.core.deploy.evaluate import evaluate_artifact
+
+                found, result = evaluate_artifact(target, out=out, overrides=overrides,
+                                                  progress=progress)
+            else:
+                from embodichain.core.launch.evaluate import evaluate_checkpoint
+
+                found, result = evaluate_checkpoint(target, out=out, overrides=overrides,
+                                                    ema=ema, progress=progress)
         if result is not None:
             _print(found, result)
+
+
+def _check(target: Path, artifact: bool, out: Path | None, overrides: Any, ema: bool,
+           videos: int | None) -> None:
+    """What the workers would refuse, refused once here before any starts (exit 2)."""
+    if artifact:
+        from embodichain.core.deploy.evaluate import check_artifact
+
+        check_artifact(target, out, overrides)
+    else:
+        from embodichain.core.launch.evaluate import find_target
+
+        found = find_target(target, out, overrides, ema)
+        if videos:  # where nothing renders: here, not by every worker
+            _check_films(found.config["evaluation"])
 
 
 def _check_films(section: dict[str, Any]) -> None:
@@ -77,21 +98,6 @@ def _check_films(section: dict[str, Any]) -> None:
     config = EvaluationConfig.model_validate(section)
     av_module()
     check_renders(EnvSpec.of(config.env, render=True), config.vector, "--videos", "--videos 0")
-
-
-def _evaluate_artifact(target: Path, overrides: Any, ema: bool, out: Path | None,
-                       nproc_per_node: int | None, progress: bool) -> None:
-    from embodichain.core.deploy.evaluate import evaluate_artifact
-    from embodichain.core.errors import UsageError
-
-    if ema or nproc_per_node is not None:
-        raise UsageError(f"{target} is an exported policy: its weights are fixed (no --ema) "
-                         "and it is evaluated in one process (no --nproc-per-node)")
-    if not target.is_file():
-        raise UsageError(f"{target}: no such exported policy")
-    with _progress(progress and env_rank() == 0) as show:
-        found, result = evaluate_artifact(target, out=out, overrides=overrides, progress=show)
-    _print(found, result)
 
 
 class _progress:

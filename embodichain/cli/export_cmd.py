@@ -34,7 +34,7 @@ def export(
     against the checkpoint's digest.
 
     Load a state_dict with `model.load_state_dict(torch.load(OUT, weights_only=True))`; run
-    an artifact with `embodichain_models.deploy.runner.PolicyRunner(OUT)` (docs/deploy.md).
+    an artifact with `embodichain.core.deploy.runner.PolicyRunner(OUT)` (docs/deploy.md).
     """
     with reported_errors(debug):
         if (out is None) == (policy is None):
@@ -77,7 +77,7 @@ def _export_policy(checkpoint: Path, out: Path, fmt: str | None, ema: bool, forc
                + (f", {interface['fps']} fps" if "fps" in interface else ""))
     typer.echo(f"  checked against the model: largest difference {done.max_difference:.2e}")
     typer.echo(f"  run it: PolicyRunner({str(done.path)!r}) from "
-               "embodichain_models.deploy.runner")
+               "embodichain.core.deploy.runner")
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -13,9 +13,16 @@ from embodichain.cli import completion
 from embodichain.cli.common import (
     DEBUG_HELP,
     SET_HELP,
-    env_rank,
+    print_recipe,
     print_warnings,
     reported_errors,
+)
+from embodichain.cli.launching import (
+    MaxRestartsOpt,
+    NoProgressOpt,
+    NprocOpt,
+    launch_if_asked,
+    local_ranks,
 )
 
 if TYPE_CHECKING:  # torch is imported only when training starts
@@ -27,19 +34,6 @@ ConfigOpt = Annotated[Path, typer.Option("--config", "-c", help="Recipe YAML fil
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help=SET_HELP, metavar="KEY=VALUE",
                                                   autocompletion=completion.set_keys)]
 DebugOpt = Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)]
-NoProgressOpt = Annotated[bool, typer.Option("--no-progress",
-                                             help="No progress bar or periodic log lines.")]
-
-
-NprocOpt = Annotated[int | None, typer.Option(
-    "--nproc-per-node", metavar="N", help="Start N workers on this machine through torch's "
-    "elastic launcher, as `torchrun --standalone --nproc-per-node=N` would (ignored under "
-    "torchrun).")]
-MaxRestartsOpt = Annotated[int, typer.Option(
-    "--max-restarts", metavar="M", help="With --nproc-per-node: restart all workers up to M "
-    "times after a failure (combine with --resume auto).")]
-
-
 def train_sl(
     config: ConfigOpt,
     resume: Annotated[str | None, typer.Option(
@@ -140,33 +134,6 @@ def _continues(resume: str | None, output_dir: str) -> bool:
     return resume == "auto" and (Path(output_dir) / RUN_JSON).is_file()
 
 
-def local_ranks(nproc_per_node: int | None) -> int:
-    """The training processes this node will run: --nproc-per-node when self-launching,
-    else torchrun's LOCAL_WORLD_SIZE (1 alone)."""
-    import os
-
-    from embodichain.core.launch.self_launch import should_launch
-
-    if should_launch(nproc_per_node) and nproc_per_node:
-        return nproc_per_node
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-
-
-def launch_if_asked(nproc_per_node: int | None, max_restarts: int,
-                     worker_args: Callable[[], list[str]]) -> None:
-    """Self-launch (R-LAUNCH-1): hand over to N workers running `worker_args()` (this command,
-    rebuilt from its parsed values, without the launch options) and exit with the
-    launcher's code."""
-    from embodichain.core.errors import UsageError
-    from embodichain.core.launch.self_launch import launch, should_launch
-
-    if should_launch(nproc_per_node):
-        raise typer.Exit(launch(nproc_per_node or 1, max_restarts, worker_args()))
-    if max_restarts and nproc_per_node is None:
-        raise UsageError("--max-restarts needs --nproc-per-node N (under torchrun, give "
-                         "--max-restarts to torchrun itself)")
-
-
 def resume_run(
     run_dir: Annotated[Path, typer.Argument(help="Run directory to continue in place.",
                                             autocompletion=completion.run_directories)],
@@ -227,16 +194,6 @@ def _suggestions_keep(overrides: list[str] | None) -> Iterator[None]:
 
     with keep_user_overrides(overrides or []):
         yield
-
-
-def print_recipe(resolved: dict) -> None:
-    import yaml
-    from rich.console import Console
-    from rich.syntax import Syntax
-
-    text = yaml.safe_dump(resolved, sort_keys=False)
-    if env_rank() == 0:
-        Console().print(Syntax(text, "yaml", theme="ansi_dark", background_color="default"))
 
 
 def register(app: typer.Typer) -> None:

@@ -47,6 +47,17 @@ def test_export_writes_a_state_dict_that_loads_into_the_model(run: Path, tmp_pat
     assert torch.load(out, weights_only=True).keys() == saved.keys()
 
 
+def test_a_format_without_policy_is_refused(run: Path, tmp_path: Path) -> None:
+    """Round 5's hand-made bug 13: `export RUN m.pt --format onnx` (no --policy) writing a
+    state_dict and exiting 0 (the user asked for an ONNX file and got weights named .pt).
+    Refused (exit 2) naming --format and --policy; nothing written."""
+    out = tmp_path / "m.pt"
+    result = invoke("export", str(run), str(out), "--format", "onnx")
+    assert result.exit_code == 2, result.output
+    assert "--format" in result.stderr and "--policy" in result.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_export_ema_takes_the_learners_ema_entry(run: Path, tmp_path: Path) -> None:
     """Catches `--ema` exporting the raw weights (or failing) when the checkpoint carries
     `payload.learner.ema`, the place a run with trainer.ema keeps it."""

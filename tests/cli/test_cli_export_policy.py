@@ -1,5 +1,5 @@
 """`embodichain export --policy`: a trained policy as one ONNX / `.pt2` artifact that acts
-like its checkpoint, run by `embodichain_models.deploy.runner` (R-DEPLOY-1, issue 44).
+like its checkpoint, run by `embodichain.core.deploy.runner` (R-DEPLOY-1, issue 44).
 
 One tiny cart-pole behaviour-cloning run (32x32 camera, 6 episodes, 8 updates) is exported
 in both formats once and shared by the tests."""
@@ -7,6 +7,7 @@ in both formats once and shared by the tests."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,16 @@ import pytest
 import torch
 import yaml
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
-from embodichain_models.deploy.runner import ObservationError, PolicyRunner, read_interface
 from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from tests.support import assert_ok, run_cli, run_torchrun, write_recipe
+from embodichain.core.deploy.runner import (
+    ArtifactError,
+    ObservationError,
+    PolicyRunner,
+    read_interface,
+)
+from tests.support import assert_ok, factories_env, run_cli, run_torchrun, write_recipe
 from tests.support.cli import export_deploying, invoke
 
 pytestmark = pytest.mark.slow  # a recorded dataset, a training run and two exports (~1 min)
@@ -36,9 +42,10 @@ def bc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = prepare(root / "data", episodes=6, seed=0, size=32)
     recipe = yaml.safe_load((root / "packaged.yaml").read_text())
     recipe["device"] = "cpu"
-    recipe["trainer"].update({"batch_size": 8, "max_updates": 8, "save_every": 8,
-                              "validate_every": 0, "log_every": 8, "data_workers": 0,
-                              "output_dir": str(root / "run")})
+    # global 24 = 3 x 8 on one rank: a world of 2 cannot train it (eval must not care)
+    recipe["trainer"].update({"batch_size": 8, "global_batch_size": 24, "max_updates": 8,
+                              "save_every": 8, "validate_every": 0, "log_every": 8,
+                              "data_workers": 0, "output_dir": str(root / "run")})
     recipe["model"] = {"channels": 8, "hidden": 32}
     recipe["data"].update(root=str(data), val_episodes=2, chunk=4)
     recipe["validation"] = {"max_examples": 32, "execute": 2}
@@ -177,6 +184,63 @@ def test_closed_loop_outcomes_equal_the_checkpoints(artifacts: dict[str, Path],
         assert outcomes(out) == want, fmt
 
 
+def test_inputs_in_another_order_than_the_interface_are_refused(
+        artifacts: dict[str, Path], tmp_path: Path) -> None:
+    """Round 5's hand-made bug 10: an ONNX artifact whose inputs are in another order than
+    its interface names them (state, image) accepted because only their count is compared
+    (the state would be fed into the image slot). The runner refuses it naming both
+    orders, and `eval` exits 2."""
+    from tests.support.files import doctored_artifact
+
+    def swapped(interface: dict) -> None:
+        interface["observations"] = dict(reversed(interface["observations"].items()))
+
+    path = doctored_artifact(artifacts["onnx"], tmp_path / "swapped.onnx", swapped)
+    with pytest.raises(ArtifactError, match=r"inputs \['image', 'state'\] are not its "
+                                            r"interface's observations \['state', 'image'\]"):
+        PolicyRunner(path)
+    result = invoke("eval", str(path), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2 and "in that order" in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_and_export_need_only_the_checkpoint(bc_run: Path, artifacts: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    """R-EVAL-5: with the training dataset moved away and the checkpoint copied to another
+    directory (the cwd), `eval` gives the outcomes it gave with the data, in 2 workers (a
+    world the recipe's global batch of 24 = 3 x 8 cannot train on: a training-only rule;
+    the summary names that world size, it said 1), and `export --policy` writes the
+    artifact the run's directory gave. Catches a factory that reads its dataset when
+    rebuilt to act (exit 2 "LeRobot dataset not found"), facts not recorded in the
+    checkpoint, and an eval that builds the training sampler (refusing the world of 2)."""
+    want = invoke("eval", str(bc_run), "--out", str(tmp_path / "with_data"), "--no-progress")
+    assert want.exit_code == 0, want.output
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    checkpoint = elsewhere / "policy_update_8.pt"
+    shutil.copyfile(bc_run / "last.pt", checkpoint)
+    data = bc_run.parent / "data"
+    data.rename(bc_run.parent / "data_gone")
+    try:
+        assert_ok(run_cli("eval", checkpoint.name, "--out", str(tmp_path / "two"),
+                          "--no-progress", "--nproc-per-node", "2", cwd=elsewhere))
+        assert outcomes(tmp_path / "two") == outcomes(tmp_path / "with_data")
+        assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
+        assert_ok(run_cli("export", checkpoint.name, "--policy", "p.onnx", cwd=elsewhere))
+    finally:
+        (bc_run.parent / "data_gone").rename(data)
+    sample = {"image": np.random.default_rng(0).integers(0, 256, (5, 2, 3, 32, 32), np.uint8),
+              "state": np.random.default_rng(1).standard_normal((5, 4), np.float32)}
+    np.testing.assert_array_equal(PolicyRunner(elsewhere / "p.onnx").predict(sample),
+                                  PolicyRunner(artifacts["onnx"]).predict(sample))
+
+
+def outcomes(directory: Path) -> list[tuple]:
+    lines = (directory / "episodes.jsonl").read_text().splitlines()
+    return [(r["episode"], r["seed"], r["success"], r["return"], r["length"], r["end"])
+            for r in map(json.loads, lines)]
+
+
 def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
@@ -190,6 +254,26 @@ def test_unexportable_model_is_refused_naming_the_operation(tmp_path: Path,
     assert "`if y.sum().item() > 0:" in result.stderr and "deploying.py" in result.stderr
     assert "Traceback" not in result.stderr and not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy")]
+
+
+def test_a_forward_shorter_than_its_declared_chunk_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 5's hand-made bug 9 at export: a deployable forward giving 3 actions where its
+    interface() declares a chunk of 4 was published (the artifact and the eager model agree
+    with each other), and a runner would execute the short chunk as if whole. Refused (exit
+    2) naming both shapes; nothing written."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"factory": "deploying:short", "trainer.max_updates": 1,
+                             "trainer.save_every": 1})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env()))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
+    out = tmp_path / "policy.onnx"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.stderr.split())
+    assert "returns [2, 3, 2] for a batch of 2" in said and "says [2, 4, 2]" in said
+    assert not out.exists()
 
 
 def test_a_model_without_deployable_forward_is_refused(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 Catches: an import cycle between two modules (e.g. trainer <-> callbacks, also through a
 function-level or TYPE_CHECKING import), a cycle between `core` sub-packages, a bottom
 sub-package (recipe, data, distributed) importing another one, anything importing
-`core.launch`, a module importing another module's private name, and a module over 450 lines.
+`core.launch`, a module importing another module's private name, a module over 450 lines, and
+the framework importing the models plugin (R-LAYER-1).
 """
 
 from __future__ import annotations
@@ -131,6 +132,28 @@ def test_the_trainer_stays_a_loop_and_fit_a_screen() -> None:
     (fit,) = [node for node in ast.walk(ast.parse(source))
               if isinstance(node, ast.FunctionDef) and node.name == "fit"]
     assert fit.end_lineno is not None and fit.end_lineno - fit.lineno + 1 <= FIT_LINES
+
+
+def test_the_framework_never_imports_the_models_plugin() -> None:
+    """R-LAYER-1: the framework sits below its plugins. Catches `embodichain/core/deploy/
+    evaluate.py` taking the artifact runner from `embodichain_models.deploy.runner` (then
+    `embodichain eval ARTIFACT` fails for a user who installed only embodichain), or any other
+    module of `embodichain/` importing `embodichain_models` (also inside a function)."""
+    bad = [f"{name} imports {target}" for name in MODULES for target, _ in imports_of(name)
+           if target.split(".")[0] == "embodichain_models"]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_command_borrows_from_another_command() -> None:
+    """A helper two commands share lives in a module both can see (cli/common.py,
+    cli/launching.py), not in one command's module. Catches `cli/eval_cmd.py` taking
+    `launch_if_asked` or the launch options from `cli/train_cmd.py`, and `config_cmd.py`
+    taking `print_recipe` from it."""
+    commands = {name for name in MODULES if name.startswith("embodichain.cli.")
+                and name.endswith("_cmd")}
+    bad = [f"{name} imports {target}" for name in commands for target, _ in imports_of(name)
+           if target in commands and target != name]
+    assert not bad, "\n".join(bad)
 
 
 def test_the_checks_can_fail() -> None:

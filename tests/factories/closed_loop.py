@@ -48,12 +48,15 @@ class Reach(gym.Env):
     def __init__(self, gain: float = 0.3, tolerance: float = 0.05, render_mode: str | None = None,
                  raise_at: int | None = None, nan_at: int | None = None,
                  sleep_at: int | None = None, sleep_s: float = 0.0,
-                 stays_broken: bool = False, frames: str = "rgb") -> None:
+                 stays_broken: bool = False, frames: str = "rgb", dim: int = 1,
+                 dtype: str = "float32") -> None:
         self.gain, self.tolerance, self.render_mode = gain, tolerance, render_mode
         self.stays_broken, self.broken, self.frames = stays_broken, False, frames
         self.faults = {"raise": raise_at, "nan": nan_at, "sleep": sleep_at}
         self.sleep_s = sleep_s
-        self.observation_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
+        # `dim`, `dtype`: observations a policy of one float32 input cannot take (refusals)
+        self.dim, self.dtype = dim, np.dtype(dtype)
+        self.observation_space = gym.spaces.Box(-10.0, 10.0, (dim,), self.dtype)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
         self.x, self.seed_, self.t = 0.0, None, 0
 
@@ -67,7 +70,7 @@ class Reach(gym.Env):
         if mark:
             with open(mark, "a") as f:
                 f.write(f"{os.getpid()} {seed} {signal.getsignal(signal.SIGTERM)!r}\n")
-        return np.array([self.x], np.float32), {}
+        return np.full(self.dim, self.x, self.dtype), {}
 
     def step(self, action: Any):
         self.t += 1
@@ -81,7 +84,7 @@ class Reach(gym.Env):
             time.sleep(self.sleep_s)
         self.x += self.gain * float(np.clip(np.asarray(action).reshape(-1)[0], -1.0, 1.0))
         reached = abs(self.x) < self.tolerance
-        obs = np.array([self.x], np.float32)
+        obs = np.full(self.dim, self.x, self.dtype)
         if self.seed_ == self.faults["nan"] and self.t == 2:
             obs[0] = np.nan
         return obs, -abs(self.x), reached, False, {"is_success": reached}

@@ -5,7 +5,8 @@
 - `deploying:chunked`: an exportable policy, `x [B, 4] -> chunk [B, 3, 2]` (the model's
   output and shifted copies of it), executed by temporal ensembling (m = 0.5);
 - `deploying:reach`: a linear policy judged in closed_loop's Reach environment (its
-  evaluation section), declaring a one-action chunk executed with horizon 1.
+  evaluation section), declaring a one-action chunk executed with horizon 1;
+- `deploying:short`: `chunked`'s forward (3 actions) declaring a chunk of 4.
 """
 
 from __future__ import annotations
@@ -68,6 +69,15 @@ class ChunkedModel(nn.Sequential):
                 "fps": 10, "chunk": CHUNK, "execution": {"temporal_ensemble": 0.5}}
 
 
+class ShortChunkModel(ChunkedModel):
+    """Declares a chunk of 4 where its deployable forward gives 3 actions."""
+
+    def interface(self) -> dict:
+        declared = super().interface()
+        declared["action"]["shape"], declared["chunk"] = [CHUNK + 1, 2], CHUNK + 1
+        return declared
+
+
 def _trainer(config, device, model_type: type[nn.Sequential]) -> SupervisedTrainer:
     hidden = config.model.hidden
     corpus = sl_ddp.make_corpus(config.data.train_size, config.data.seed)
@@ -85,8 +95,13 @@ def chunked(config, device):
     return _trainer(config, device, ChunkedModel)
 
 
+def short(config, device):
+    return _trainer(config, device, ShortChunkModel)
+
+
 branching.config_schema = sl_ddp.build_supervised_trainer.config_schema
 chunked.config_schema = sl_ddp.build_supervised_trainer.config_schema
+short.config_schema = sl_ddp.build_supervised_trainer.config_schema
 
 
 class ReachModel(nn.Module):

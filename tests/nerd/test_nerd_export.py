@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from embodichain_models.deploy.runner import ArtifactError, PolicyRunner
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
+from embodichain.core.deploy.runner import ArtifactError, PolicyRunner
 from embodichain.core.deploy.trained import trained_model
 from tests.support import assert_ok, run_cli
 from tests.support.cli import invoke

@@ -1,7 +1,10 @@
-"""Looking at what a run left on disk: whole directories, checkpoint tensors."""
+"""Looking at what a run left on disk: whole directories, checkpoint tensors; a policy
+artifact with its interface edited."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,3 +34,19 @@ def tensors_by_path(value: object, path: str = ""):
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             yield from tensors_by_path(item, f"{path}/{i}")
+
+
+def doctored_artifact(artifact: Path, out: Path, change: Callable[[dict], None]) -> Path:
+    """A copy of an ONNX artifact whose interface `change` edited in place (the model left
+    as it is): what a foreign or hand-edited file looks like to a runner."""
+    import onnx
+
+    from embodichain.core.deploy.runner import INTERFACE_KEY
+
+    model = onnx.load(str(artifact))
+    entry = next(p for p in model.metadata_props if p.key == INTERFACE_KEY)
+    interface = json.loads(entry.value)
+    change(interface)
+    entry.value = json.dumps(interface)
+    onnx.save(model, str(out))
+    return out

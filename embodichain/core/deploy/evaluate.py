@@ -2,25 +2,42 @@
 
 An artifact exported from a run whose recipe has an `evaluation` section carries that
 section in its interface; the episodes run in that environment with the same seeds, the
-acting policy being `embodichain_models.deploy.runner.PolicyRunner` over the artifact (no
+acting policy being `embodichain.core.deploy.runner.PolicyRunner` over the artifact (no
 factory, no checkpoint), given the interface's keys of the environment's observations.
 Success is the environment's `info["is_success"]` (a factory's own success predicate does
-not travel with the artifact). One process.
+not travel with the artifact). Under torchrun (or `--nproc-per-node`) the episodes are
+split over the ranks as a checkpoint's are (R-EVAL-2) and rank 0 writes the results.
+
+What cannot run is refused (exit 2) by rank 0 before any episode (R-EVAL-6): a file that is
+not an artifact onnxruntime or torch can load, onnxruntime missing, an environment whose
+observations are not the interface's (keys, shapes, dtypes), a policy that cannot act once
+on a reset observation (e.g. a chunk shorter than the declared one), seeds among the
+demonstration seeds the artifact records, an `--out` that is not new.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from embodichain.core.deploy import runner
+from embodichain.core.distributed import process_group
 from embodichain.core.errors import UsageError
+from embodichain.core.evaluation.admission import (
+    check_first_act,
+    check_overrides,
+    describe,
+    describe_interface,
+    refuse_demonstration_seeds,
+)
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
 from embodichain.core.evaluation.records import EvaluationResult, summary
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
 
 ARTIFACT_SUFFIXES = (".onnx", ".pt2")
+DEPLOY_HINT = "pip install 'embodichain-sl[deploy]'"
 
 
 @dataclass(frozen=True)
@@ -36,56 +53,88 @@ def is_artifact(path: Path) -> bool:
     return path.suffix in ARTIFACT_SUFFIXES and path.is_file()
 
 
-def _runner_module() -> Any:
+def read_artifact(path: Path) -> dict[str, Any]:
+    """The artifact's interface, opened as the runner opens it; UsageError (exit 2) for a
+    file that is not one, or onnxruntime missing (naming the extra)."""
+    if not path.is_file():
+        raise UsageError(f"{path}: no such exported policy")
     try:
-        from embodichain_models.deploy import runner
+        return runner.read_interface(path)
     except ImportError as exc:
-        raise UsageError("evaluating an exported policy needs its runner: pip install "
-                         f"'embodichain-models[deploy]' ({exc})") from None
-    return runner
-
-
-def evaluate_artifact(path: Path, *, out: Path | None = None,
-                      overrides: Overrides | None = None, progress: Any = None
-                      ) -> tuple[ArtifactTarget, EvaluationResult]:
-    """Run the artifact's evaluation episodes; write episodes.jsonl, summary.json (and
-    films) into `out` (default: beside the artifact, `<name>_eval/`)."""
-    overrides = overrides or Overrides()
-    runner = _runner_module()
-    try:
-        interface = runner.read_interface(path)
+        raise UsageError(f"{path}: {exc}; install it with: {DEPLOY_HINT}") from None
     except (runner.ArtifactError, ValueError) as exc:
-        raise UsageError(f"{path}: {exc}") from None
-    section = interface.get("evaluation")
-    if not isinstance(section, dict):
-        raise UsageError(f"{path} carries no evaluation section (its run's recipe had none): "
-                         "nothing says which environment to run")
+        raise UsageError(f"{exc}" if str(path) in str(exc) else f"{path}: {exc}") from None
+
+
+def check_artifact(path: Path, out: Path | None, overrides: Overrides) -> ArtifactTarget:
+    """What rank 0 (or `--nproc-per-node`'s launcher) refuses before anything runs."""
+    check_overrides(overrides.episodes, overrides.videos)
+    interface = read_artifact(path)
     if interface.get("kind", "policy") != "policy":
         raise UsageError(f"{path} is a {interface.get('kind')}, not a policy")
-    config = EvaluationConfig.model_validate(section)
+    config = evaluation_of(interface, path)
+    refuse_demonstration_seeds(
+        overrides.seed if overrides.seed is not None else config.seed,
+        overrides.episodes or config.episodes,
+        interface.get("provenance", {}).get("demonstration_seeds") or [], f"{path}")
     destination = out if out is not None else path.parent / f"{path.stem}_eval"
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
+    evaluation = ClosedLoopEvaluation(config, _make_policy(path),
+                                      factory=f"the artifact {path}")
+    spaces = (evaluation.facts.observation_space, evaluation.facts.action_space)
+    _check_observations(spaces[0], interface, path)
+    check_first_act(config, _make_policy(path)(None, "cpu"), spaces,
+                    describe_interface(interface["observations"]), f"{path}")
     step = int(interface.get("provenance", {}).get("update", 0))
-    found = ArtifactTarget(str(path), step, str(destination))
-    evaluation = ClosedLoopEvaluation(
-        config, lambda model, device: _InterfaceKeys(runner.PolicyRunner(path)),
-        factory=f"the artifact {path}")
-    _check_observations(evaluation.facts.observation_space, interface, path)
-    result = evaluation.run(None, "cpu", lockstep=False, overrides=overrides,
-                            progress=progress)
-    assert result is not None  # one process: rank 0
+    return ArtifactTarget(str(path), step, str(destination))
+
+
+def evaluation_of(interface: dict[str, Any], path: Path) -> EvaluationConfig:
+    section = interface.get("evaluation")
+    if not isinstance(section, dict):
+        raise UsageError(f"{path} carries no evaluation section (its run's recipe had none): "
+                         "nothing says which environment to run")
+    return EvaluationConfig.model_validate(section)
+
+
+def evaluate_artifact(path: Path, *, out: Path | None = None,
+                      overrides: Overrides | None = None, progress: Any = None
+                      ) -> tuple[ArtifactTarget, EvaluationResult | None]:
+    """Run the artifact's evaluation episodes on every rank (one process, or torchrun);
+    rank 0 writes episodes.jsonl, summary.json (and films) into `out` (default: beside the
+    artifact, `<name>_eval/`) and returns the result (None elsewhere)."""
+    overrides = overrides or Overrides()
+    found = ArtifactTarget(**process_group.from_rank_zero_before_group(
+        "eval/artifact", lambda: asdict(check_artifact(path, out, overrides))))
+    interface = read_artifact(path)
+    config = evaluation_of(interface, path)
+    with process_group.distributed_run("cpu"):
+        evaluation = ClosedLoopEvaluation(config, _make_policy(path),
+                                          factory=f"the artifact {path}")
+        # lockstep, as a checkpoint's eval: rank 0's progress counts every rank's episodes
+        result = evaluation.run(None, "cpu", lockstep=True, overrides=overrides,
+                                progress=progress)
+        world_size = process_group.world_size()
+    if result is None:
+        return found, None
+    destination = Path(found.out)
     destination.mkdir(parents=True, exist_ok=True)
     result.write(destination / "episodes.jsonl", destination / "videos", destination)
-    about = {"artifact": str(path), "step": step,
+    section = interface["evaluation"]
+    about = {"artifact": str(path), "step": found.step,
              "environment": section["env"].get("id") or section["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else config.seed,
              "weights": interface.get("provenance", {}).get("weights", "model"),
-             "world_size": 1}
+             "world_size": world_size}
     (destination / "summary.json").write_text(json.dumps(summary(result, about), indent=2)
                                               + "\n")
     return found, result
+
+
+def _make_policy(path: Path) -> Any:
+    return lambda model, device: _InterfaceKeys(runner.PolicyRunner(path))
 
 
 class _InterfaceKeys:
@@ -124,4 +173,5 @@ def _check_observations(space: Any, interface: dict[str, Any], path: Path) -> No
                             f"{spec['dtype']}")
     if problems:
         raise UsageError(f"{path} cannot act in its evaluation environment: "
-                         + "; ".join(problems) + " (evaluate the checkpoint instead)")
+                         + "; ".join(problems) + f" (the environment gives {describe(space)}; "
+                         "evaluate the checkpoint instead)")

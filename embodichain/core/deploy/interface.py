@@ -1,7 +1,7 @@
 """The interface an artifact carries: what the model's `interface()` declares, checked and
 put in the one form runners read, plus where the weights came from (provenance).
 
-The form (format 1) is the one `embodichain_models.deploy.runner` documents: `kind`,
+The form (format 1) is the one `embodichain.core.deploy.runner` documents: `kind`,
 `observations` {key: {shape, dtype, meaning}}, `action` {key, shape, dtype, meaning}, `fps`,
 `chunk`, `execution` ({"horizon": h} or {"temporal_ensemble": m}) and `provenance`.
 Shapes are one example's (no batch dimension); an observation with `stack: n` is one step's

@@ -1,10 +1,12 @@
 """The trained model of a checkpoint, rebuilt as its recipe's factory builds it.
 
-A checkpoint holds weights and the resolved recipe, not the model's code: the factory named
-by the stored recipe builds the model again (on the CPU, one process, no compile, data read
-in this process; FSDP's sharding is not applied; the recipe's evaluation environment not
-built) and the checkpoint's weights (or EMA
-weights; a sharded checkpoint consolidated, R-SHARD-4) are loaded into it strictly.
+A checkpoint holds weights, the resolved recipe and what the factory derived from its data
+(`model_facts`), not the model's code: the factory named by the stored recipe builds the
+model again from those facts, reading no data (on the CPU, one process, no compile; FSDP's
+sharding is not applied; the recipe's evaluation environment not built, so no simulator is
+needed; R-EVAL-5), and the checkpoint's weights (or EMA weights; a sharded checkpoint
+consolidated, R-SHARD-4) are loaded into it strictly. A checkpoint written before the facts
+were kept makes the factory read its data, as it did then.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from embodichain.core.distributed import process_group
 from embodichain.core.errors import UsageError
 from embodichain.core.recipe.loading import for_world_size, validate_recipe
 from embodichain.core.runs.elastic import without_derived_keys
+from embodichain.core.training.model_facts import rebuilding_to_act, run_record
 
 
 @dataclass
@@ -53,10 +56,14 @@ def trained_model(checkpoint: Path, data: Mapping[str, Any] | None = None, *,
     raw["device"] = "cpu"
     raw.pop("evaluation", None)  # its environment is not needed to rebuild the model
     trainer_section = raw.setdefault("trainer", {})
-    trainer_section.update({"strategy": "ddp", "compile": False, "data_workers": 0})
+    trainer_section.update({"strategy": "ddp", "compile": False, "data_workers": 0,
+                            "save_best": False, "early_stop": None})  # nothing validates
     trainer_section.pop("fsdp", None)
-    recipe = for_world_size(validate_recipe(raw, source=f"{checkpoint} (stored recipe)"), 1)
-    with process_group.distributed_run("cpu") as device:
+    with rebuilding_to_act(run_record(run)):  # the recipe's data need not be there
+        recipe = for_world_size(validate_recipe(raw, source=f"{checkpoint} (stored recipe)"),
+                                1)
+    with process_group.distributed_run("cpu") as device, \
+            rebuilding_to_act(run_record(run)):
         built = recipe.factory(recipe.config, device)
         try:
             model = getattr(built, "model", None)

@@ -1,12 +1,14 @@
 """`embodichain eval`: a checkpoint's policy judged in closed loop, without training (R-EVAL-1).
 
-Rank 0 reads the checkpoint (a run directory means its newest snapshot) and its stored
-recipe; every rank builds the recipe's trainer from its factory with the checkpoint's
-weights (the EMA's with `--ema` or `evaluation.acting: ema`), as `--init-from` loads them,
-and runs its share of the episodes; rank 0 writes `episodes.jsonl`, `summary.json` and the
-films into the output directory. The evaluation is the one validation runs, so the numbers
-are those of the validation at the checkpoint's update (with the recipe's episodes and
-seed), on any world size.
+Rank 0 reads the checkpoint (a run directory means its newest snapshot), its stored recipe
+and what its factory derived from the data (`model_facts`); every rank builds the recipe's
+trainer from its factory, rebuilt only to act (no data read, no sampler: the dataset may be
+gone and the world size need not divide `trainer.global_batch_size`, R-EVAL-5), with the
+checkpoint's weights (the EMA's with `--ema` or `evaluation.acting: ema`), as `--init-from`
+loads them, and runs its share of the episodes; rank 0 writes `episodes.jsonl`,
+`summary.json` and the films into the output directory. The evaluation is the one
+validation runs, so the numbers are those of the validation at the checkpoint's update
+(with the recipe's episodes and seed), on any world size.
 """
 
 from __future__ import annotations
@@ -19,13 +21,20 @@ from typing import Any
 from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointError, UsageError
+from embodichain.core.evaluation.admission import check_overrides, refuse_demonstration_seeds
 from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
 from embodichain.core.launch.train import build_trainer
 from embodichain.core.observe.progress import configure_logging
-from embodichain.core.recipe.loading import Recipe
+from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+from embodichain.core.recipe.loading import Recipe, for_world_size, validate_recipe
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
+from embodichain.core.training.model_facts import (
+    demonstration_seeds,
+    rebuilding_to_act,
+    run_record,
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,7 @@ class Target:
     config: dict[str, Any]
     out: str
     ema: bool
+    model_facts: dict[str, Any] | None = None
 
 
 def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
@@ -45,11 +55,7 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
     from embodichain.core.checkpoint.file import read_checkpoint
     from embodichain.core.runs.snapshots import newest_snapshot
 
-    for name, value in (("--episodes", overrides.episodes), ("--videos", overrides.videos)):
-        if value is not None and value < (1 if name == "--episodes" else 0):
-            raise UsageError(f"{name}: expected {'a positive' if name == '--episodes' else 'a'}"
-                             f" {'integer' if name == '--episodes' else 'non-negative integer'}"
-                             f", got {value}")
+    check_overrides(overrides.episodes, overrides.videos)
     if target.is_dir():
         snapshot = newest_snapshot(target)
         if snapshot is None:
@@ -72,6 +78,10 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"the recipe of {path} has no evaluation section: nothing says which "
                          "environment to run (add one, docs/evaluation.md, and train again, "
                          "or resume with it: it is a resumable change)")
+    section = EvaluationConfig.model_validate(config["evaluation"])
+    refuse_demonstration_seeds(overrides.seed if overrides.seed is not None else section.seed,
+                               overrides.episodes or section.episodes,
+                               demonstration_seeds(run), f"{path}")
     acting_ema = ema or config["evaluation"].get("acting") == "ema"
     if acting_ema and not (config.get("trainer") or {}).get("ema"):
         raise UsageError(f"--ema: the run of {path} keeps no EMA (trainer.ema); drop --ema")
@@ -79,7 +89,8 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
-    return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema)
+    return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema,
+                  run_record(run))
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
@@ -87,15 +98,16 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                         progress: Any = None) -> tuple[Target, EvaluationResult | None]:
     """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
     written it (None elsewhere)."""
-    from embodichain.core.launch.api import load_recipe
-
     overrides = overrides or Overrides()
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
         "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
-    recipe: Recipe = load_recipe(found.config, source=f"{found.checkpoint} (stored recipe)",
-                                 warn=False)
-    with process_group.distributed_run(recipe.config.device) as device:
+    # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
+    with rebuilding_to_act(found.model_facts):  # the recipe's data need not be there
+        recipe: Recipe = for_world_size(validate_recipe(
+            found.config, source=f"{found.checkpoint} (stored recipe)"), 1)
+    with process_group.distributed_run(recipe.config.device) as device, \
+            rebuilding_to_act(found.model_facts):
         trainer = build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
                                                                    ema=found.ema))
         try:
@@ -104,12 +116,14 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                                      progress=progress, lockstep=True)
         finally:
             trainer.close()
+        world_size = process_group.world_size()  # the group is gone after this block
     if result is not None:
-        write_result(found, result, overrides)
+        write_result(found, result, overrides, world_size)
     return found, result
 
 
-def write_result(found: Target, result: EvaluationResult, overrides: Overrides) -> None:
+def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
+                 world_size: int) -> None:
     """Rank 0: episodes.jsonl, videos/ and summary.json into the output directory."""
     out = Path(found.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,5 +133,5 @@ def write_result(found: Target, result: EvaluationResult, overrides: Overrides) 
              "environment": evaluation["env"].get("id") or evaluation["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
              "weights": "ema" if found.ema else "model",
-             "world_size": process_group.world_size()}
+             "world_size": world_size}
     (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

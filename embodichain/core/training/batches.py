@@ -16,6 +16,21 @@ from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.training.model_facts import only_acting
+
+
+def data_of(config: FrameworkConfig, source: Source | None, device: torch.device
+            ) -> tuple[Sampler | None, BatchLoader | None]:
+    """This rank's sampler and loader; none for a model rebuilt only to act (`eval`,
+    `export`: whatever the world size, no data read, R-EVAL-5)."""
+    if only_acting():
+        return None, None
+    if source is None:
+        raise UsageError(f"factory {getattr(config, 'factory', '?')!r} gave no source "
+                         "(source=None is for a model rebuilt to act from a checkpoint's "
+                         "model_facts, never for training)")
+    sampler = rank_sampler(config, source)
+    return sampler, batch_loader(config, source, sampler, device)  # §11, data workers
 
 
 def rank_sampler(config: FrameworkConfig, source: Source) -> Sampler:

@@ -43,6 +43,7 @@ from embodichain.core.recipe.best import BestTracker
 from embodichain.core.recipe.schema import TrainerConfig
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.learner import Learner
+from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS, RUN_KEY
 from embodichain.core.training.strategies import Snapshot
 
 
@@ -148,7 +149,12 @@ class Checkpointing:
                                # a stop skipped or cut short this update's validation: the
                                # resume runs it first (R-EVAL-4)
                                **({"validation_due": True} if trainer.validation_due
-                                  else {})},
+                                  else {}),
+                               # what the model is rebuilt from without the data (R-EVAL-5)
+                               **({RUN_KEY: trainer.model_facts}
+                                  if getattr(trainer, "model_facts", None) else {}),
+                               **({DEMONSTRATION_SEEDS: trainer.demonstration_seeds}
+                                  if getattr(trainer, "demonstration_seeds", None) else {})},
                        "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
                                      if hasattr(cb, "state_dict")}}
             path.parent.mkdir(parents=True, exist_ok=True)

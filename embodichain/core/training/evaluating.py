@@ -23,6 +23,11 @@ from embodichain.core.checkpoint.rank_state import preserved_rng
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest, signal_name
 from embodichain.core.errors import UsageError
+from embodichain.core.evaluation.admission import (
+    check_first_act,
+    describe_interface,
+    refuse_demonstration_seeds,
+)
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted, Overrides
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.evaluation.records import (
@@ -43,6 +48,7 @@ class Evaluating(Protocol):
     device: torch.device
     step: int
     run: Any
+    demonstration_seeds: list[int]
 
 SUCCESS_RATE = ("validation/success_rate", "max")
 
@@ -58,6 +64,35 @@ def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | No
     return ClosedLoopEvaluation(section, policy, success,
                                 factory=f"factory {getattr(config, 'factory', '?')!r}",
                                 judge=judge)
+
+
+def check_acting(trainer: Evaluating, factory: str) -> None:
+    """Before training (and `eval`), on every rank: the policy acts once on a reset
+    observation; a misfit is refused naming both sides (R-EVAL-6). The recipe's evaluation
+    seeds among `trainer.demonstration_seeds` are refused too."""
+    closed_loop = trainer.closed_loop
+    if closed_loop is None:
+        return
+    c = closed_loop.config
+    refuse_demonstration_seeds(c.seed, c.episodes, trainer.demonstration_seeds,
+                               "evaluation.seed")
+    ema = c.acting == "ema" and trainer.learner.ema is not None
+    with acting_weights(trainer, ema) as model, preserved_rng(trainer.device), \
+            torch.no_grad():
+        declared = getattr(model, "interface", None)
+        try:
+            takes = (describe_interface(declared()["observations"]) if callable(declared)
+                     else None)
+        except Exception:  # noqa: BLE001 - a model's own description is only a hint here
+            takes = None
+        model.eval()
+        try:
+            check_first_act(c, closed_loop.make_policy(model, trainer.device),
+                            (closed_loop.facts.observation_space,
+                             closed_loop.facts.action_space),
+                            takes, f"the policy of factory {factory!r}")
+        finally:
+            model.train()
 
 
 def acting_weights(trainer: Evaluating, ema: bool) -> AbstractContextManager[torch.nn.Module]:

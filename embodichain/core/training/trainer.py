@@ -28,10 +28,12 @@ from embodichain.core.runs.best_record import record_stopped_early
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
-from embodichain.core.training.batches import batch_loader, rank_sampler
+from embodichain.core.training.batches import data_of
 from embodichain.core.training.callbacks import ValidationCallback
 from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
+from embodichain.core.training.evaluating import check_acting
 from embodichain.core.training.learner import Learner, UpdateResult
+from embodichain.core.training.model_facts import recorded
 from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
@@ -54,7 +56,10 @@ class SupervisedTrainer:
     ClosedLoopPolicy`, judged in closed loop at every validation, on every rank;
     `success(info, reward, terminated) -> bool` judges an episode (default
     `info["is_success"]`); `judge() -> EpisodeJudge` adds outcomes judged from every step
-    (R-EVAL-1, docs/evaluation.md).
+    (R-EVAL-1, docs/evaluation.md). `model_facts`: what the data gave the model (JSON
+    values), kept in checkpoints so `eval` and `export` rebuild it without the data
+    (R-EVAL-5; `source` is None only then); `demonstration_seeds`: the seeds the data was
+    recorded with, refused as evaluation seeds (R-EVAL-6).
     """
 
     def __init__(
@@ -62,7 +67,7 @@ class SupervisedTrainer:
         config: FrameworkConfig,
         *,
         model: nn.Module,
-        source: Source,
+        source: Source | None,
         objective: Objective,
         device: torch.device,
         evaluate: Evaluate | None = None,
@@ -74,10 +79,14 @@ class SupervisedTrainer:
         policy: MakePolicy | None = None,
         success: Success | None = None,
         judge: MakeJudge | None = None,
+        model_facts: Mapping[str, Any] | None = None,
+        demonstration_seeds: Sequence[int] = (),
     ) -> None:
         self.config = config
         self.device = device
         self.source = source
+        self.model_facts = recorded(model_facts, getattr(config, "factory", "?"))
+        self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
         self.objective = objective
         self.evaluate = evaluate
         # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
@@ -95,8 +104,8 @@ class SupervisedTrainer:
                                or t.fsdp.reshard_after_forward)
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
-        self.sampler = rank_sampler(config, source)
-        self.loader = batch_loader(config, source, self.sampler, device)  # §11, data workers
+        self.sampler, self.loader = data_of(config, source, device)
+        check_acting(self, getattr(config, "factory", "?"))  # before training (R-EVAL-6)
         self.step = 0
         self.run: RunContext | None = None
         self.last_metrics: dict[str, float] = {}
@@ -318,7 +327,8 @@ class SupervisedTrainer:
         """Release the strategy's wrappers and groups and close the metrics file (before the
         process group goes)."""
         self.checkpoints.settle()  # the writer's thread fsyncs metrics.jsonl: first
-        self.loader.close()  # data workers end with the run
+        if self.loader is not None:
+            self.loader.close()  # data workers end with the run
         self.learner.release()
         if self.run is not None and self.run.metrics is not None:
             self.run.metrics.close()

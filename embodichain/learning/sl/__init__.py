@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     )
     from embodichain.core.training.callbacks import SaveBest, ValidationCallback
     from embodichain.core.training.learner import Learner, UpdateResult
+    from embodichain.core.training.model_facts import facts_from_checkpoint, only_acting
     from embodichain.core.training.objective import LossResult, Objective
     from embodichain.core.training.trainer import Evaluate, RunContext, SupervisedTrainer
 
@@ -79,6 +80,7 @@ _HOMES = {
     "embodichain.core.recipe.loading": ("Recipe",),
     "embodichain.core.recipe.data_location": ("LOCATES_DATA",),
     "embodichain.core.training.learner": ("Learner", "UpdateResult"),
+    "embodichain.core.training.model_facts": ("facts_from_checkpoint", "only_acting"),
     "embodichain.core.training.objective": ("LossResult", "Objective"),
     "embodichain.core.data.source": ("Source", "TensorSource", "tensor_digest"),
     "embodichain.core.training.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
@@ -121,8 +123,10 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "ValidationCallback",
     "build_trainer",
     "distributed_run",
+    "facts_from_checkpoint",
     "file_digest",
     "load_recipe",
+    "only_acting",
     "read_checkpoint",
     "tensor_digest",
     "train",

@@ -258,6 +258,24 @@ def test_eval_refuses_bad_input_by_name(tmp_path: Path, sl_ddp_one_process: Path
         assert "Traceback" not in proc.stderr
 
 
+def test_a_policy_that_cannot_act_on_the_observations_is_refused_before_training(
+        tmp_path: Path) -> None:
+    """R-EVAL-6: the policy acts once on a reset observation when the run starts. An
+    environment observing 2 numbers where the policy's layer takes 1: train-sl exits 2
+    naming both sides (the environment's [2] float32, the error), and nothing is trained or
+    claimed. Catches the misfit found only at the first validation (exit 1 after training
+    for a while)."""
+    recipe = write(tmp_path / "bad.yaml", tmp_path / "run",
+                   evaluation={"env": {"constructor": "closed_loop:make_reach",
+                                       "kwargs": {"dim": 2}}})
+    proc = run_cli("train-sl", "--config", str(recipe), "--no-progress", env=factories_env())
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot act on the environment's observations" in said, said
+    assert "the environment gives [2] float32" in said and "Traceback" not in said
+    assert not (tmp_path / "run" / "run.json").exists()
+
+
 def test_an_environment_that_cannot_be_built_is_refused_before_training(tmp_path: Path
                                                                          ) -> None:
     """An unknown gymnasium id: train-sl and validate-config --build exit 2 naming it, and

@@ -7,6 +7,7 @@ Tiny: 2 recorded transfer-cube demonstrations, a 32-wide ACT trained for 4 updat
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,8 +15,10 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.support import assert_ok, run_cli, run_python_module
+from tests.support import assert_ok, run_cli, run_python_module, worker_env
 from tests.support.cli import invoke
+
+HERE = Path(__file__).resolve().parent  # without_sim.py
 
 pytestmark = pytest.mark.slow  # a recording, a short run, an ONNX export (~1-2 min)
 
@@ -72,9 +75,9 @@ def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
     recipe's (e.g. the newest chunk weighted most): driven by the runner on the evaluation
     seeds, the ONNX artifact gives the checkpoint policy's joint states step by step (to
     float32 rounding) and its outcomes."""
-    from embodichain_models.deploy.runner import PolicyRunner
     from embodichain_models.policies.aloha.sl_recipe import policy_factory
 
+    from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model
 
     artifact = act_run.parent / "act.onnx"
@@ -91,3 +94,41 @@ def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
         got, got_success = rollout(runner, seed)
         assert got_success == want_success
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_checkpoint_alone_exports_and_its_demonstration_seeds_are_refused(
+        act_run: Path, tmp_path: Path) -> None:
+    """R-EVAL-5: with the dataset moved away, `export --policy` runs in a process where
+    gym-aloha, dm_control and MuJoCo cannot be imported (catches the factory requiring the
+    simulator, or reading the dataset, when the model is only rebuilt). R-EVAL-6: the seeds
+    `prepare` recorded the demonstrations with (meta/aloha.json) travel in the checkpoint
+    and the artifact; `eval --seed 0` of either, and a training whose evaluation.seed is 0,
+    are refused (exit 2) naming them, instead of judging the policy on its own
+    demonstrations."""
+    root = act_run.parent
+    seeds = json.loads((root / "data" / "meta" / "aloha.json").read_text())["seeds"]
+    assert 0 in seeds
+    artifact = tmp_path / "act.onnx"
+    (root / "data").rename(root / "data_gone")
+    try:
+        assert_ok(run_python_module("without_sim", "embodichain", "export", str(act_run),
+                                    "--policy", str(artifact),
+                                    env=worker_env(PYTHONPATH=os.pathsep.join(
+                                        [str(HERE), os.environ.get("PYTHONPATH", "")])),
+                                    fresh=True))
+    finally:
+        (root / "data_gone").rename(root / "data")
+    from embodichain.core.deploy.runner import read_interface
+
+    interface = read_interface(artifact)
+    assert interface["chunk"] == 10 and interface["provenance"]["demonstration_seeds"] == seeds
+    for target in (act_run, artifact):
+        proc = run_cli("eval", str(target), "--seed", "0", "--episodes", "2",
+                       "--out", str(tmp_path / "out"))
+        assert proc.returncode == 2, proc.stderr
+        assert "the training data was recorded with (0" in " ".join(proc.stderr.split())
+    proc = run_cli("train-sl", "--config", str(root / "r.yaml"), "--set", "evaluation.seed=0",
+                   "--set", f"trainer.output_dir={tmp_path / 'run'}", "--no-progress")
+    assert proc.returncode == 2 and "evaluation.seed: evaluation seeds 0..1" in \
+        " ".join(proc.stderr.split()), proc.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "run" / "last.pt").exists()

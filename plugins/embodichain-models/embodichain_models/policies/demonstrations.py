@@ -9,15 +9,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, NonNegativeInt, PositiveInt, Strict
 
-from embodichain.learning.sl import LOCATES_DATA, Section
+from embodichain.learning.sl import LOCATES_DATA, Section, only_acting
 
 
 def dataset_root(prepare_command: str) -> Any:
     """The type of a LeRobot dataset root: a directory with meta/info.json (a missing one is
     refused naming the command that records it), marked LOCATES_DATA (a moved dataset of the
-    same identity resumes)."""
+    same identity resumes). Not checked where a checkpoint's model is rebuilt only to act
+    (`eval`, `export`: R-EVAL-5)."""
 
     def check(path: Path) -> Path:
+        if only_acting():  # a checkpoint's model rebuilt to act (eval, export): no data read
+            return path
         if not (path / "meta" / "info.json").is_file():
             what = "not found" if not path.exists() else "has no meta/info.json"
             raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "

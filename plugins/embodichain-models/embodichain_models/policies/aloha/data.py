@@ -4,7 +4,9 @@ evaluation runs that task."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +20,7 @@ from embodichain_models.policies.aloha.scene import Scene
 from embodichain_models.policies.aloha.schema import ActConfig
 from embodichain_models.policies.aloha.tasks import (
     CAMERA_FRAME,
+    INFO_FILE,
     JOINT_NAMES,
     TASKS,
     AlohaTask,
@@ -32,6 +35,8 @@ class ActData:
     fps: int
     env_dim: int
     image_sizes: dict[str, tuple[int, int]]
+    seeds: list[int]
+    """The environment seeds of the demonstrations (`meta/aloha.json`; [] if not recorded)."""
 
 
 def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
@@ -126,4 +131,17 @@ def act_data(config: ActConfig) -> ActData:
     train = indices[:len(indices) - len(held)]
     source = lerobot_source(data.root, episodes=train, identity=data.identity, **options)
     held_out = LeRobotFrames(data.root, episodes=held, **options) if held else None
-    return ActData(source, held_out, meta.stats, meta.fps, len(task.env_state_names), sizes)
+    return ActData(source, held_out, meta.stats, meta.fps, len(task.env_state_names), sizes,
+                   demonstration_seeds(data.root))
+
+
+def demonstration_seeds(root: Any) -> list[int]:
+    """The seeds `prepare` recorded the dataset's demonstrations with (its INFO_FILE)."""
+    info = Path(root) / INFO_FILE
+    if not info.is_file():
+        return []
+    try:
+        seeds = json.loads(info.read_text()).get("seeds") or []
+        return [int(s) for s in seeds]
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UsageError(f"{info}: not the JSON report `prepare` writes ({exc})") from None

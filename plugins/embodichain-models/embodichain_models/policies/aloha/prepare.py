@@ -35,6 +35,7 @@ from embodichain_models.policies.aloha.tasks import (
     EPISODE_STEPS,
     EVAL_SEED,
     FPS,
+    INFO_FILE,
     JOINT_NAMES,
     TASKS,
     AlohaTask,
@@ -42,7 +43,6 @@ from embodichain_models.policies.aloha.tasks import (
 )
 
 IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
-INFO_FILE = "meta/aloha.json"  # the task, seeds and the expert's success and finish rates
 
 
 def features(task: AlohaTask, cameras: Sequence[str], size: tuple[int, int]) -> dict:

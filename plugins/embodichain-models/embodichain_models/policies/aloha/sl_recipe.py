@@ -11,6 +11,9 @@ validation: `validation/success_rate` (the field's verdict) is the best metric, 
 better, reported beside `validation/strict_success_rate` and both at step 300
 (`judge.py`, R-ALOHA-2). With held-out
 episodes validation also reports their action error (`validation/action_l1`).
+What the model is built from of the dataset (statistics, fps, sizes) is recorded in its
+checkpoints, so `eval` and `export` rebuild it with the data gone (and `export` without the
+simulator).
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embodichain.learning.sl import SupervisedTrainer, UsageError
+from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
 from embodichain_models.data.lerobot import LeRobotFormatError
-from embodichain_models.policies.aloha.data import act_data, check_evaluation
+from embodichain_models.policies.aloha.data import ActData, act_data, check_evaluation
 from embodichain_models.policies.aloha.execution import ChunkExecution
 from embodichain_models.policies.aloha.judge import AlohaJudge
 from embodichain_models.policies.aloha.model import (
     ACTION,
+    ENV_STATE,
+    STATE,
     ActPolicy,
     ActShape,
     masked_l1,
@@ -63,18 +68,32 @@ def policy_factory(execution: dict[str, float]):
     return make_policy
 
 
+def model_facts(data: ActData) -> dict:
+    """What the model is built from of the dataset (recorded in every checkpoint)."""
+    return {"stats": {key: {k: data.stats[key][k] for k in ("mean", "std")}
+                      for key in (STATE, ENV_STATE, ACTION)},
+            "fps": data.fps, "env_dim": data.env_dim,
+            "image_sizes": {c: list(s) for c, s in data.image_sizes.items()}}
+
+
 def build_supervised_trainer(config: ActConfig, device: torch.device) -> SupervisedTrainer:
-    require_sim()  # the evaluation runs gym-aloha: say so before anything is read
+    if getattr(config, "evaluation", None) is not None:
+        require_sim()  # the evaluation runs gym-aloha: say so before anything is read
     task = TASKS[config.data.task]
     check_evaluation(config, task)
-    try:
-        data = act_data(config)
-    except (LeRobotFormatError, ImportError) as exc:
-        raise UsageError(str(exc)) from None
-    model = make_model(config, data.env_dim, data.stats, data.fps, data.image_sizes)
+    facts, data = facts_from_checkpoint(), None  # rebuilt to act: the data is not read
+    if facts is None:
+        try:
+            data = act_data(config)
+        except (LeRobotFormatError, ImportError) as exc:
+            raise UsageError(str(exc)) from None
+        facts = model_facts(data)
+    model = make_model(config, int(facts["env_dim"]), facts["stats"], int(facts["fps"]),
+                       {c: tuple(s) for c, s in facts["image_sizes"].items()})
     cache: dict[str, torch.Tensor] = {}
 
     def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
+        assert data is not None and data.held_out is not None
         if not cache:  # read once, on rank 0
             frames = data.held_out
             stride = max(1, len(frames) // MAX_HELD_OUT)
@@ -86,11 +105,12 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
                           batch["action_is_pad"])  # the latent at its prior's mean, as acting
         return {"validation/action_l1": l1.item()}
 
-    return SupervisedTrainer(config, model=model, source=data.source, objective=objective,
-                             device=device,
-                             evaluate=evaluate if data.held_out is not None else None,
+    return SupervisedTrainer(config, model=model, source=data.source if data else None,
+                             objective=objective, device=device,
+                             evaluate=evaluate if data and data.held_out is not None else None,
                              policy=policy_factory(model.shape.execution), judge=AlohaJudge,
-                             best=("validation/success_rate", "max"))
+                             best=("validation/success_rate", "max"), model_facts=facts,
+                             demonstration_seeds=data.seeds if data else ())
 
 
 build_supervised_trainer.config_schema = ActConfig

@@ -26,6 +26,9 @@ CAMERA_FRAME = (480, 640)
 policy takes, and what `prepare` renders before averaging down to the stored size."""
 EVAL_SEED = 100_000
 """Evaluation episodes are reset with seeds from here up; demonstrations use seeds below."""
+INFO_FILE = "meta/aloha.json"
+"""`prepare`'s report in a dataset: the task, the demonstrations' seeds (an evaluation on
+them is refused), the expert's success rate."""
 
 
 def _pose_names(body: str) -> list[str]:

@@ -9,7 +9,8 @@ held-out episodes' action error (a mixture's also part by part,
 `validation/<name>/action_mse`) and the expert's success rate from the evaluation's starts;
 on every rank the policy in closed loop in the simulated cart-pole, through the recipe's
 `evaluation` section (`embodichain_models/CartPoleSwingUp-v0`; its success rate is the best
-metric, higher is better).
+metric, higher is better). The dataset's statistics and camera size are the model's facts:
+recorded in its checkpoints, so `eval` and `export` rebuild it with the data gone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embodichain.learning.sl import SupervisedTrainer, UsageError
+from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
 from embodichain_models.data.lerobot import LeRobotFormatError
 from embodichain_models.policies.cartpole_bc.data import bc_data
 from embodichain_models.policies.cartpole_bc.policy import ChunkExecution, ChunkPolicy, objective
@@ -27,11 +28,15 @@ from embodichain_models.policies.cartpole_bc.schema import BcConfig
 
 def build_supervised_trainer(config: BcConfig, device: torch.device) -> SupervisedTrainer:
     data = config.data
-    try:
-        bc = bc_data(config)
-    except (LeRobotFormatError, ImportError) as exc:
-        raise UsageError(str(exc)) from None
-    source, stats, size = bc.source, bc.stats, bc.size
+    facts, bc = facts_from_checkpoint(), None  # rebuilt to act: the data is not read
+    if facts is None:
+        try:
+            bc = bc_data(config)
+        except (LeRobotFormatError, ImportError) as exc:
+            raise UsageError(str(exc)) from None
+        facts = {"stats": {key: {k: bc.stats[key][k] for k in ("mean", "std")}
+                           for key in ("observation.state", "action")}, "size": bc.size}
+    stats, size = facts["stats"], int(facts["size"])
     state_std = torch.tensor(stats["observation.state"]["std"], dtype=torch.float32)
     v, closed_loop = config.validation, config.evaluation
     model = ChunkPolicy(data.frames, size, data.chunk, config.model.channels,
@@ -46,6 +51,7 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
     cache: dict[str, dict[str, torch.Tensor]] = {}
 
     def held_out(name: str) -> dict[str, torch.Tensor]:
+        assert bc is not None
         if name not in cache:  # read once, on rank 0
             examples = bc.held_out[name]
             stride = max(1, len(examples) // v.max_examples)
@@ -54,6 +60,7 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
         return {k: t.to(device) for k, t in cache[name].items()}
 
     def evaluate(model: nn.Module, device: torch.device) -> dict[str, float]:
+        assert bc is not None
         core = getattr(model, "module", model)
         batches = {name: held_out(name) for name in bc.held_out}
         if "" in batches:  # one dataset
@@ -74,9 +81,10 @@ def build_supervised_trainer(config: BcConfig, device: torch.device) -> Supervis
     def make_policy(model: nn.Module, device: torch.device) -> ChunkExecution:
         return ChunkExecution(model, device, data.frames, v.execute)
 
-    return SupervisedTrainer(config, model=model, source=source, objective=objective,
-                             device=device, evaluate=evaluate, policy=make_policy,
-                             best=("validation/success_rate", "max"))
+    return SupervisedTrainer(config, model=model, source=bc.source if bc else None,
+                             objective=objective, device=device,
+                             evaluate=evaluate if bc is not None else None, policy=make_policy,
+                             best=("validation/success_rate", "max"), model_facts=facts)
 
 
 build_supervised_trainer.config_schema = BcConfig

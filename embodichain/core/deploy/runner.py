@@ -1,4 +1,6 @@
-"""Run an exported policy (`embodichain export --policy`) without the framework.
+"""Run an exported policy (`embodichain export --policy`) without the framework: this module
+imports nothing of embodichain and no torch at module level (design R-LAYER-1), so it runs
+on a robot holding numpy and onnxruntime alone (or copied there as one file).
 
 An ONNX artifact needs numpy and onnxruntime only; a `.pt2` artifact needs torch (imported
 when one is opened). The artifact carries its interface (design R-DEPLOY-1): the ONNX
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -61,7 +64,8 @@ class PolicyRunner:
         """Open `path` (.onnx with onnxruntime on the CPU, .pt2 with torch). `threads`:
         onnxruntime's intra-op threads (None: its default)."""
         self.path = Path(path)
-        self._forward, self.interface = _open(self.path, threads)
+        forward, self.interface = _open(self.path, threads)
+        self._forward = _checked_output(forward, self.interface, self.path)
         self.observation_keys = tuple(self.interface["observations"])
         self.kind = self.interface.get("kind", "policy")
         self._execution = (execution_for(self.interface) if self.kind == "policy" else None)
@@ -290,28 +294,81 @@ def _parse_interface(text: str | None, path: Path) -> dict[str, Any]:
     if not text:
         raise ArtifactError(f"{path} carries no embodichain interface: it was not written by "
                             "`embodichain export --policy`")
-    interface = json.loads(text)
-    if interface.get("format") != FORMAT:
-        raise ArtifactError(f"{path}: interface format {interface.get('format')!r}, this "
-                            f"runner reads format {FORMAT}")
+    try:
+        interface = json.loads(text)
+    except ValueError as exc:
+        raise ArtifactError(f"{path}: its interface is not JSON ({exc})") from None
+    if not isinstance(interface, dict) or interface.get("format") != FORMAT:
+        found = interface.get("format") if isinstance(interface, dict) else None
+        raise ArtifactError(f"{path}: interface format {found!r}, this runner reads format "
+                            f"{FORMAT}")
+    observations, action = interface.get("observations"), interface.get("action")
+    if not isinstance(observations, dict) or not observations or not all(
+            isinstance(v, dict) and "shape" in v and "dtype" in v
+            for v in observations.values()) or not isinstance(action, dict) \
+            or "shape" not in action:
+        raise ArtifactError(f"{path}: its interface lacks observations or an action "
+                            "(each with shape and dtype)")
+    if interface.get("kind", "policy") == "policy" and (
+            not action["shape"] or action["shape"][0] != interface.get("chunk")):
+        raise ArtifactError(f"{path}: its action shape {action['shape']} does not start with "
+                            f"its chunk {interface.get('chunk')!r}")
     return interface
+
+
+def _checked_output(forward: Callable[[Sequence[np.ndarray]], np.ndarray],
+                    interface: Mapping[str, Any], path: Path
+                    ) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
+    """`forward`, refusing (ArtifactError) an output that is not `[B, *action shape]`: a
+    shorter chunk than the interface declares would be executed as if it were whole."""
+    want = tuple(int(d) for d in interface["action"]["shape"])
+
+    def checked(arrays: Sequence[np.ndarray]) -> np.ndarray:
+        out = forward(arrays)
+        if tuple(out.shape[1:]) != want or out.shape[0] != arrays[0].shape[0]:
+            raise ArtifactError(f"{path}: the model gives {list(out.shape)} for a batch of "
+                                f"{arrays[0].shape[0]}, its interface declares "
+                                f"[batch, *{list(want)}]")
+        return out
+
+    return checked
+
+
+def _static_output(dims: Sequence[Any], interface: Mapping[str, Any], path: Path) -> None:
+    """An ONNX output whose fixed dimensions contradict the interface's action shape."""
+    want = list(interface["action"]["shape"])
+    fixed = list(dims)[1:]
+    if len(fixed) != len(want) or any(isinstance(d, int) and d != w
+                                       for d, w in zip(fixed, want, strict=True)):
+        raise ArtifactError(f"{path}: the model's output is [{', '.join(map(str, dims))}], "
+                            f"its interface declares [batch, *{want}]")
 
 
 def _open_onnx(path: Path, threads: int | None
                ) -> tuple[Callable[[Sequence[np.ndarray]], np.ndarray], dict[str, Any]]:
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        raise ImportError(f"running an ONNX artifact needs onnxruntime ({exc})",
+                          name="onnxruntime") from None
 
     options = ort.SessionOptions()
     if threads is not None:
         options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's own types: InvalidProtobuf, Fail
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ArtifactError(f"{path} is not an ONNX model onnxruntime can load "
+                            f"({type(exc).__name__}: {first})") from None
     interface = _parse_interface(
         session.get_modelmeta().custom_metadata_map.get(INTERFACE_KEY), path)
     names = [i.name for i in session.get_inputs()]
-    if names != list(interface["observations"]):
+    if names != list(interface["observations"]):  # the order too: inputs are positional
         raise ArtifactError(f"{path}: the model's inputs {names} are not its interface's "
-                            f"observations {list(interface['observations'])}")
+                            f"observations {list(interface['observations'])}, in that order")
     output = session.get_outputs()[0].name
+    _static_output(session.get_outputs()[0].shape, interface, path)
 
     def forward(arrays: Sequence[np.ndarray]) -> np.ndarray:
         return session.run([output], dict(zip(names, arrays, strict=True)))[0]
@@ -323,7 +380,15 @@ def _open_pt2(path: Path) -> tuple[Callable[[Sequence[np.ndarray]], np.ndarray],
     import torch
 
     extra = {PT2_INTERFACE_FILE: ""}
-    program = torch.export.load(str(path), extra_files=extra)
+    if not zipfile.is_zipfile(path):  # torch would log its fallback's traceback first
+        raise ArtifactError(f"{path} is not a torch.export program torch can load (not a "
+                            "zip archive)")
+    try:
+        program = torch.export.load(str(path), extra_files=extra)
+    except Exception as exc:  # noqa: BLE001 - BadZipFile, RuntimeError, KeyError, ...
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ArtifactError(f"{path} is not a torch.export program torch can load "
+                            f"({type(exc).__name__}: {first})") from None
     interface = _parse_interface(extra[PT2_INTERFACE_FILE], path)
     module = program.module()
     # The graph's own forward, without the module's pre-hooks: they re-check the inputs

@@ -1,5 +1,7 @@
-"""`embodichain_models.deploy.runner` on an ONNX artifact in a virtual environment holding
-only onnxruntime and numpy (no torch, no embodichain): the robot's computer (R-DEPLOY-1).
+"""`embodichain.core.deploy.runner` on an ONNX artifact in a virtual environment holding
+only onnxruntime and numpy (no torch, no embodichain installed, no embodichain_models): the
+robot's computer (R-DEPLOY-1, R-LAYER-1). The runner is taken from the source tree; importing
+it may load only its parent packages, which import nothing.
 
 The environment is made once (pip, from the package index) and cached beside pytest's
 temporary directories, keyed by the two versions this test environment has, behind a file
@@ -10,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,7 +26,7 @@ from tests.support.cli import export_deploying
 
 pytestmark = pytest.mark.slow  # a venv made by pip on the first run (~1 min), then cached
 
-PLUGIN = Path(__file__).resolve().parents[3] / "plugins" / "embodichain-models"
+ROOT = Path(__file__).resolve().parents[3]
 INSTALL_TIMEOUT = 600
 STEPS, M = 6, 0.5
 
@@ -58,7 +61,7 @@ SCRIPT = textwrap.dedent("""
     assert importlib.util.find_spec("torch") is None, "torch is installed here"
     assert importlib.util.find_spec("embodichain") is None, "embodichain is installed here"
     sys.path.insert(0, sys.argv[1])
-    from embodichain_models.deploy.runner import ObservationError, PolicyRunner
+    from embodichain.core.deploy.runner import ObservationError, PolicyRunner
     runner = PolicyRunner(sys.argv[2])
     x = np.load(sys.argv[3])
     runner.reset()
@@ -75,7 +78,7 @@ SCRIPT = textwrap.dedent("""
     print(json.dumps({"actions": np.stack(actions).tolist(), "refused": refused,
                       "interface": runner.interface,
                       "modules": sorted(m for m in sys.modules
-                                        if m.startswith(("torch", "embodichain.")))}))
+                                        if m.startswith(("torch", "embodichain")))}))
 """)
 
 
@@ -91,10 +94,11 @@ def ensembled(chunks: list[np.ndarray], m: float) -> np.ndarray:
 def test_onnx_runner_needs_only_onnxruntime_and_numpy(
         tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Catches a runner that imports torch or embodichain (it would not start on a robot
-    without them), and a temporal ensembling that weights the newest prediction first,
-    forgets a slot's reset, or resets every slot: its actions over 6 steps of 2 episodes
-    equal ACT's ensembling of the checkpoint model's chunks written out here."""
+    """Catches a runner that imports torch, embodichain_models or any other embodichain
+    module (it would not start on a robot without them), and a temporal ensembling that
+    weights the newest prediction first, forgets a slot's reset, or resets every slot: its
+    actions over 6 steps of 2 episodes equal ACT's ensembling of the checkpoint model's
+    chunks written out here."""
     artifact = tmp_path / "policy.onnx"
     result = export_deploying(tmp_path, "chunked", artifact, monkeypatch)
     assert result.exit_code == 0, result.output
@@ -102,12 +106,14 @@ def test_onnx_runner_needs_only_onnxruntime_and_numpy(
     x = np.random.default_rng(0).standard_normal((STEPS, 2, 4)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     python = torch_free_python(tmp_path_factory)
-    proc = subprocess.run([str(python), "-c", SCRIPT, str(PLUGIN), str(artifact),
+    proc = subprocess.run([str(python), "-c", SCRIPT, str(ROOT), str(artifact),
                            str(tmp_path / "x.npy")], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                          timeout=120, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert out["modules"] == []
+    assert out["modules"] == ["embodichain", "embodichain.core", "embodichain.core.deploy",
+                              "embodichain.core.deploy.runner"]
     assert out["interface"]["execution"] == {"temporal_ensemble": M}
     assert "'x': dtype float64, the policy takes float32" in out["refused"]
 
