@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.learning.sl import Section, only_acting
+from embodichain.learning.sl import Section
 from embodichain_models.policies.aloha.tasks import TASKS
 from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
