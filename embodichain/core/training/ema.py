@@ -35,6 +35,10 @@ class Ema:
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._source_buffers)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What `update` changes (kept by the learner, to undo a skipped update's)."""
+        return [*self._averaged, *self._buffers]
+
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
 

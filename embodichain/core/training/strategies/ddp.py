@@ -118,14 +118,14 @@ class DdpStrategy(Strategy):
     def before_last_backward(self, totals: torch.Tensor) -> None:
         self._reduce.local = totals  # the comm hook sends it with the gradients
 
-    def reduce(self, totals: torch.Tensor) -> list[float]:
+    def reduce(self, totals: torch.Tensor) -> torch.Tensor:
         if self._ddp is not None:
-            return self._reduce.reduced.tolist()
+            return self._reduce.reduced
         # One process: the same arithmetic, locally.
         weight = totals[0].clamp_min(torch.finfo(totals.dtype).tiny)
         grads = [p.grad for p in self._model.parameters() if p.grad is not None]
         torch._foreach_div_(grads, weight)
-        return totals.tolist()
+        return totals
 
     # -- checkpoints -------------------------------------------------------------------
 
