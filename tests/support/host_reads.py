@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +51,11 @@ def _counted(tensor: torch.Tensor, name: str, args: tuple, kwargs: dict) -> bool
 
 
 def _caller_outside_torch() -> str | None:
-    """`file:line function` of the caller, unless the call comes from torch's own code."""
+    """`file:line function` of the caller, unless the call comes from torch's own code or
+    from another thread than the training one (a background save's writer works on the
+    host copies the save made)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
     frame = sys._getframe(2)
     path = frame.f_code.co_filename
     if str(Path(path).resolve()).startswith(_TORCH):
