@@ -56,19 +56,22 @@ def test_prefetched_batches_and_position_equal_the_plain_loader() -> None:
     for make_sampler in (lambda: EpochSampler(64, 8, 3, 0, 1),
                          lambda: ReplacementSampler(64, 8, 3, 0)):
         plain, ahead = _loaders(make_sampler)
+        saved = expected = None
         for update in range(12):
-            assert _xs(ahead.next_update()) == _xs(plain.next_update()), update
-            assert ahead.sampler.state_dict().keys() == plain.sampler.state_dict().keys()
+            if update == 5:  # a snapshot's position, resumed from below
+                state = plain.sampler.state_dict()
+                saved = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
+            batches = _xs(plain.next_update())
+            if update == 5:
+                expected = batches
+            assert _xs(ahead.next_update()) == batches, update
             assert ahead.sampler.batches_drawn == plain.sampler.batches_drawn == update + 1
         # the next update's first micro-batch was started before it was asked for
         assert ahead._prefetch.started >= 12 * 2 + 1
-        # a restore (resume) to an earlier position: the look-ahead starts again from it
-        state = plain.sampler.state_dict()
-        saved = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in state.items()}
-        expected = _xs(plain.next_update())
-        plain.sampler.load_state_dict(saved)
+        # a restore to an earlier position (a resume): the look-ahead starts again from it
         ahead.sampler.load_state_dict(saved)
         assert _xs(ahead.next_update()) == expected
+        assert ahead.sampler.batches_drawn == 6
 
 
 def test_the_loader_uses_the_prefetch_only_on_cuda() -> None:
