@@ -79,6 +79,7 @@ class DdpStrategy(Strategy):
                  options: SpreadOptions | None = None) -> None:
         super().__init__(device, precision, options)
         self._model: nn.Module | None = None
+        self._parameters: list[nn.Parameter] = []
         self._ddp: DistributedDataParallel | None = None
         self._reduce = _ReduceState(dist.group.WORLD if process_group.is_distributed()
                                     else None)
@@ -86,6 +87,7 @@ class DdpStrategy(Strategy):
     def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         self._model = model
+        self._parameters = list(model.parameters())  # not walked again every update
         return param_groups
 
     def make_ema(self, model: nn.Module, decay: float) -> Ema:
@@ -123,7 +125,7 @@ class DdpStrategy(Strategy):
             return self._reduce.reduced
         # One process: the same arithmetic, locally.
         weight = totals[0].clamp_min(torch.finfo(totals.dtype).tiny)
-        grads = [p.grad for p in self._model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self._parameters if p.grad is not None]
         torch._foreach_div_(grads, weight)
         return totals
 
