@@ -121,3 +121,37 @@ def test_a_lagged_settle_restores_before_the_next_step() -> None:
     steps = {int(s["step"]) for s in learner.optimizer.state_dict()["state"].values()}
     assert steps == {int(s["step"]) + 1 for s in state["state"].values()}  # one step, not two
     learner.release()
+
+
+def _full(value):
+    """A state's tensors as plain ones (FSDP's are DTensors: gathered, one rank here)."""
+    if isinstance(value, dict):
+        return {k: _full(v) for k, v in value.items()}
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor().clone()  # one rank: may be the shard itself
+    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+
+def test_fsdp_skips_leave_its_shards_and_state_as_they_were() -> None:
+    """Under FSDP (one rank) the device-side skip works on the local shards: a skipped
+    update leaves parameters, Adam's state and the sharded EMA bitwise as they were; a
+    normal one changes them."""
+    learner = Learner(make_model(), OptimizerConfig(name="adam", lr=0.01), None, len(PLAN),
+                      CPU, strategy="fsdp", ema_decay=0.8)
+    g = torch.Generator().manual_seed(5)
+    try:
+        for step, kind in enumerate(PLAN, 1):
+            learner.settle()
+            before = (_full(learner.model.state_dict()),
+                      _full(learner.optimizer.state_dict()["state"]),
+                      _full(learner.ema.state_dict()))
+            result = learner.update(objective, batch(kind, g)).settle()
+            after = (_full(learner.model.state_dict()),
+                     _full(learner.optimizer.state_dict()["state"]),
+                     _full(learner.ema.state_dict()))
+            if result.skipped:
+                assert_same(after, before, f"update {step} ({kind})")
+            else:
+                assert not torch.equal(after[0]["0.weight"], before[0]["0.weight"]), step
+    finally:
+        learner.release()
