@@ -183,7 +183,7 @@ class BatchLoader:
         self._in_turn: InTurn | None = None  # under G: the update being loaded
         # On CUDA, in-memory batches one micro-batch ahead (prefetch.py): drawn from a
         # look-ahead copy of the sampler, which the sampler itself follows as consumed.
-        self._prefetch = (DevicePrefetch(self._gather, device) if device.type == "cuda"
+        self._prefetch = (DevicePrefetch(source.gather, device) if device.type == "cuda"
                           and not isinstance(source, DatasetSource) else None)
         self._ahead: Sampler | None = None
         self._ahead_at = -1

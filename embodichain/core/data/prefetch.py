@@ -26,7 +26,7 @@ class DevicePrefetch:
     """Starts micro-batches' copies to `device` and hands them to the training stream."""
 
     def __init__(self, gather: Callable[[torch.Tensor], Batch], device: torch.device) -> None:
-        self._gather = gather
+        self._gather = gather  # the source's own: its batch where the source holds it
         self.device = device
         self._stream = torch.cuda.Stream(device)
 

@@ -4,7 +4,9 @@ One optimizer update represents `sum_{r,k}(w_rk * l_rk) / sum_{r,k}(w_rk)` over 
 and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how the
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
-non-finite update, the EMA, the schedule and the update's figures.
+non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
+device (R-GPU-1): the skip is decided there (guarded_step.py) and the figures reach the host
+through pinned buffers (host_copies.py), read during the next update (`settle`).
 """
 
 from __future__ import annotations
@@ -188,7 +190,9 @@ class Learner:
         loaded, so that loads inside the update count) ride the update's all-reduce: the
         first two come back summed over ranks, the waits one per rank; `part_counts` (a
         mixture's examples of each part in this rank's batches, the same length on every
-        rank) summed.
+        rank) summed. The result's figures are read when first asked for, or by the next
+        update (`settle`); until then the optimizer state and EMA may hold what a skipped
+        update puts back at its settle.
         """
         slot = self._copies.next_slot(2 + self._waits + len(part_counts))
 

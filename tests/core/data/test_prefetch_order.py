@@ -44,7 +44,7 @@ def _loaders(make_sampler):
     source = TensorSource({"x": torch.arange(64.0).unsqueeze(1)})
     plain = BatchLoader(source, make_sampler(), CPU, seed=0, rank=0, micro_batch_size=4)
     ahead = BatchLoader(source, make_sampler(), CPU, seed=0, rank=0, micro_batch_size=4)
-    ahead._prefetch = _HostPrefetch(ahead._gather, CPU)
+    ahead._prefetch = _HostPrefetch(source.gather, CPU)
     return plain, ahead
 
 
