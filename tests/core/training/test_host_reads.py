@@ -80,15 +80,16 @@ def _train(tmp_path: Path, changes: list[str], device: str, monkeypatch: pytest.
         return settle(self)
 
     def trainer_update(self, stop):
-        starts[self.step + 1] = len(reads)
+        done = self.step + 1  # the update this call makes
+        starts[done] = len(reads)
         if strict_sync:
-            steady = WARM <= self.step < UPDATES - 1
-            torch.cuda.set_sync_debug_mode("error" if steady else 0)
+            torch.cuda.set_sync_debug_mode("error" if WARM < done < UPDATES else 0)
         try:
             return fit_update(self, stop)
         finally:
-            if strict_sync and self.step + 1 == UPDATES:
-                torch.cuda.set_sync_debug_mode(0)  # the final save copies to the host
+            if strict_sync and not (done % CHECK_EVERY and done < UPDATES):
+                # validation and saves after it read the device, as they may
+                torch.cuda.set_sync_debug_mode(0)
 
     monkeypatch.setattr(Learner, "update", learner_update)
     monkeypatch.setattr(Learner, "settle", learner_settle)
