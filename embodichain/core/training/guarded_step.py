@@ -92,9 +92,9 @@ class GuardedStep:
             clip()
         no_step = skip if found_inf is None else skip | (found_inf > 0)
         state = self.optimizer.state
-        self._fresh = [p for p in self.parameters if not state.get(p)]
+        self._fresh = [p for p in self.parameters if p not in state]
         self._values = {p: {k: v for k, v in state[p].items() if not torch.is_tensor(v)}
-                        for p in self.parameters if state.get(p)}
+                        for p in self.parameters if p in state}
         self._state.keep(v for p in self.parameters for v in state.get(p, {}).values()
                          if torch.is_tensor(v))
         self._params.keep(self.parameters)
