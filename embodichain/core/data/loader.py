@@ -42,6 +42,7 @@ import torch
 from embodichain.core.data.dataset_source import DatasetSource
 from embodichain.core.data.global_order import GlobalOrderSampler
 from embodichain.core.data.micro_batches import Batch, MicroBatches, split_batch
+from embodichain.core.data.prefetch import DevicePrefetch, PrefetchedMicroBatches
 from embodichain.core.data.samplers import EpochSampler, Sampler
 from embodichain.core.data.source import Source
 from embodichain.core.data.worker_signals import end_left_over, started, starting_workers
@@ -180,6 +181,13 @@ class BatchLoader:
         self._consumed = -1  # the sampler position the iterator's next batch starts at
         self._sigchld: Any = None
         self._in_turn: InTurn | None = None  # under G: the update being loaded
+        # On CUDA, in-memory batches one micro-batch ahead (prefetch.py): drawn from a
+        # look-ahead copy of the sampler, which the sampler itself follows as consumed.
+        self._prefetch = (DevicePrefetch(source.gather, device) if device.type == "cuda"
+                          and not isinstance(source, DatasetSource) else None)
+        self._ahead: Sampler | None = None
+        self._ahead_at = -1
+        self._upcoming: PrefetchedMicroBatches | None = None
 
     @property
     def global_order(self) -> bool:
@@ -198,8 +206,28 @@ class BatchLoader:
             batch = self.next_batch()
             return split_batch(batch, self.micro_batch_size) if self.micro_batch_size \
                 else [batch]
+        if self._prefetch is not None:
+            return self._prefetched_update()
         indices = self.sampler.next_indices()
         return MicroBatches(indices, self.micro_batch_size or len(indices), self._gather)
+
+    def _prefetched_update(self) -> Sequence[Batch]:
+        """This update's micro-batches (its first already sent), and the next update's first
+        sent now, while this one computes. The sampler advances as each update is consumed
+        (a checkpoint keeps that position); its look-ahead copy restarts from it when it was
+        restored meanwhile."""
+        assert self._prefetch is not None
+        if self._ahead is None or self._ahead_at != self.sampler.batches_drawn:
+            self._ahead, self._upcoming = copy.deepcopy(self.sampler), None
+        current = self._upcoming or self._send(self._ahead.next_indices())
+        self.sampler.next_indices()  # the same draw as the look-ahead's: consumed
+        self._ahead_at = self.sampler.batches_drawn
+        self._upcoming = self._send(self._ahead.next_indices())
+        return current
+
+    def _send(self, indices: torch.Tensor) -> PrefetchedMicroBatches:
+        assert self._prefetch is not None
+        return self._prefetch.update(indices, self.micro_batch_size or len(indices))
 
     def _gather(self, indices: torch.Tensor) -> Batch:
         batch = self.source.gather(indices)

@@ -52,6 +52,10 @@ class TensorSource:
         return self._length
 
     def gather(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
+        device = next(iter(self._tensors.values())).device
+        if device.type == "cuda" and indices.device != device:
+            # Host indices into device tensors would be copied with the host waiting.
+            indices = indices.pin_memory().to(device, non_blocking=True)
         return {name: t[indices] for name, t in self._tensors.items()}
 
     def to(self, device: torch.device) -> TensorSource:

@@ -99,6 +99,7 @@ class Checkpointing:
         # One save in flight at most: each rank first waits for its previous one, which may
         # have failed (rank 0's failure is every rank's through `end_save`).
         failure = self.writer.settle()
+        trainer.learner.settle()  # the last update's skip finished: its state is final
         job = trainer.learner.strategy.save_job(trainer.learner,
                                                 self._snapshot(trainer, path, also_last))
         if failure is None and job is not None:
@@ -185,6 +186,7 @@ class Checkpointing:
 
     def restore(self, trainer: Checkpointed, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
+        trainer.learner.settle()  # nothing of an update in flight is put back over it
         mine = trainer.learner.strategy.restore(trainer.learner, payload)
         restore_rank_and_run(trainer, mine, payload, self.device)
 

@@ -47,6 +47,10 @@ class Ema:
         """The averaged copy itself (a module of the model's class)."""
         yield self.model
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What `update` changes (kept by the learner, to undo a skipped update's)."""
+        return [*self._averaged, *self._buffers]
+
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()
 

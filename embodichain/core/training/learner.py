@@ -4,7 +4,9 @@ One optimizer update represents `sum_{r,k}(w_rk * l_rk) / sum_{r,k}(w_rk)` over 
 and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how the
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
-non-finite update, the EMA, the schedule and the update's figures.
+non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
+device (R-GPU-1): the skip is decided there (guarded_step.py) and the figures reach the host
+through pinned buffers (host_copies.py), read during the next update (`settle`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch import nn
 from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
-from embodichain.core.training.nonfinite import nonfinite_loss
+from embodichain.core.training.guarded_step import GuardedStep
+from embodichain.core.training.host_copies import HostCopies, Slot
 from embodichain.core.training.objective import LossResult, Objective
 from embodichain.core.training.param_groups import (
     ParamGroups,
@@ -56,6 +59,17 @@ def lr_factor(config: SchedulerConfig | None, base_lr: float, max_updates: int
 
 
 @dataclass(frozen=True)
+class _Figures:
+    metrics: dict[str, float]
+    weight: float
+    skipped: bool
+    nonfinite: bool
+    stop: float
+    rank_zero_note: float
+    data_waits: tuple[float, ...]
+    part_counts: tuple[float, ...]
+
+
 class UpdateResult:
     """One update's global figures, the same on every rank.
 
@@ -63,17 +77,41 @@ class UpdateResult:
     micro-batches (empty when the global weight is 0). The rest are the control values that
     rode the update's all-reduce: `stop` is the sum of every rank's stop flag,
     `rank_zero_note` rank 0's note about saves (checkpoint/writer.py), `data_waits` each
-    rank's seconds waiting for this update's data (rank r's in slot r).
+    rank's seconds waiting for this update's data (rank r's in slot r), `part_counts` a
+    mixture's examples per part, summed over ranks. `skipped`: the optimizer did not step
+    (zero global weight, or a non-finite loss).
+
+    The figures stay on the device until asked for (R-GPU-1): the learner reads them during
+    the next update, once they have reached the host; asking earlier (`settle()`, or any
+    figure) waits for this update to finish on the device.
     """
 
-    metrics: dict[str, float]
-    weight: float
-    skipped: bool  # the optimizer did not step: zero global weight, or a non-finite loss
-    nonfinite: bool
-    stop: float
-    rank_zero_note: float
-    data_waits: tuple[float, ...] = ()
-    part_counts: tuple[float, ...] = ()  # a mixture's examples per part, summed over ranks
+    def __init__(self, settle: Callable[[], None]) -> None:
+        self._settle = settle
+        self._figures: _Figures | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Whether the figures are on the host (reading them waits for nothing)."""
+        return self._figures is not None
+
+    def settle(self) -> UpdateResult:
+        if self._figures is None:
+            self._settle()
+        assert self._figures is not None
+        return self
+
+    def _get(self) -> _Figures:
+        return self.settle()._figures  # type: ignore[return-value]
+
+    metrics = property(lambda self: self._get().metrics)
+    weight = property(lambda self: self._get().weight)
+    skipped = property(lambda self: self._get().skipped)
+    nonfinite = property(lambda self: self._get().nonfinite)
+    stop = property(lambda self: self._get().stop)
+    rank_zero_note = property(lambda self: self._get().rank_zero_note)
+    data_waits = property(lambda self: self._get().data_waits)
+    part_counts = property(lambda self: self._get().part_counts)
 
     @property
     def loss(self) -> float | None:
@@ -128,10 +166,12 @@ class Learner:
         # One slot per rank for the data waits: a sum all-reduce then carries every rank's
         # own value (its largest is what starves the update), at no collective of its own.
         self._rank, self._waits = process_group.rank(), process_group.world_size()
-        # Filled in place every update; on CUDA pinned, so the copy to the device does not
-        # wait for the stream (torch.tensor(list) from pageable memory would).
-        self._host_flags = torch.zeros(2 + self._waits, dtype=torch.float32,
-                                       pin_memory=device.type == "cuda")
+        # Flags out and figures back through pinned buffers, without waiting (R-GPU-1); the
+        # step applied unless the device says to skip it.
+        self._copies = HostCopies(device)
+        self._guard = GuardedStep(list(self.model.parameters()), self.optimizer, self.scaler,
+                                  self.ema)
+        self._pending: tuple[UpdateResult, Slot, int] | None = None
 
     @property
     def lr(self) -> float:
@@ -150,56 +190,78 @@ class Learner:
         loaded, so that loads inside the update count) ride the update's all-reduce: the
         first two come back summed over ranks, the waits one per rank; `part_counts` (a
         mixture's examples of each part in this rank's batches, the same length on every
-        rank) summed.
+        rank) summed. The result's figures are read when first asked for, or by the next
+        update (`settle`); until then the optimizer state and EMA may hold what a skipped
+        update puts back at its settle.
         """
+        slot = self._copies.next_slot(2 + self._waits + len(part_counts))
+
         def flags() -> torch.Tensor:
             wait = data_wait() if callable(data_wait) else data_wait
-            return self._flags((stop, rank_zero_note), wait, part_counts)
+            return self._flags(slot, (stop, rank_zero_note), wait, part_counts)
 
         totals = self.strategy.accumulate(
             self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
             self._local_statistics, flags, self.scaler)
-        nonfinite = nonfinite_loss(totals)  # never step on it (trainer.on_nonfinite)
-        skipped = totals[0] == 0.0 or nonfinite
-        if not skipped:
-            # A global batch with no weight does not step: Adam would still move parameters.
-            if self.grad_clip is not None:
-                self.strategy.clip(self.model, self.optimizer, self.scaler, self.grad_clip)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            if self.ema is not None:
-                self.ema.update()
+        # On the device: a global batch with no weight does not step (Adam would still move
+        # the parameters), nor one whose loss is not finite (trainer.on_nonfinite).
+        weight, weighted_loss = totals[0], totals[1]
+        nonfinite = (weight != 0) & ~(torch.isfinite(weight) & torch.isfinite(weighted_loss))
+        skip = (weight == 0) | nonfinite
+        # The previous update's figures have reached the host by now (this update's forward
+        # and backward are queued behind it): its skipped step's state is put back before
+        # this step reads it.
+        self.settle()
+        clip = (None if self.grad_clip is None else
+                lambda: self.strategy.clip(self.model, self.grad_clip))
+        no_step = self._guard.step(skip, clip)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return self._result(totals, skipped, nonfinite, len(part_counts))
+        slot.send_back(torch.cat([totals.float(),
+                                  torch.stack([skip, nonfinite, no_step]).float()]))
+        result = UpdateResult(self.settle)
+        self._pending = (result, slot, len(part_counts))
+        return result
+
+    def settle(self) -> None:
+        """Read the last update's figures (waiting for its copy, if it has not arrived) and
+        finish its skip: what it must not have changed of the optimizer state and the EMA
+        is put back. Before anything reads that state (a save, validation)."""
+        if self._pending is None:
+            return
+        result, slot, parts = self._pending
+        self._pending = None
+        values = slot.read()
+        totals, (skip, nonfinite, no_step) = values[:-3], values[-3:]
+        self._guard.settle(skipped=bool(skip), stepped=not no_step)
+        result._figures = self._result(totals, bool(skip), bool(nonfinite), parts)
 
     def _local_statistics(self, result: LossResult) -> torch.Tensor:
         """`[w, w * loss, w * metric...]` of one micro-batch."""
         names = sorted(result.metrics)
         if self.metric_names is None:
             self.metric_names = names
-        weight = torch.as_tensor(result.weight, dtype=torch.float32, device=self.device)
+        weight = (torch.as_tensor(result.weight, dtype=torch.float32, device=self.device)
+                  if torch.is_tensor(result.weight) else  # a number: filled on the device,
+                  torch.full((), float(result.weight), dtype=torch.float32,  # no copy
+                             device=self.device))
         values = [weight, result.loss.detach().float() * weight]
         values += [result.metrics[n].detach().float() * weight for n in self.metric_names]
         return torch.stack([v.reshape(()) for v in values])
 
-    def _flags(self, flags: tuple[float, float], data_wait: float,
+    def _flags(self, slot: Slot, flags: tuple[float, float], data_wait: float,
                part_counts: Sequence[float] = ()) -> torch.Tensor:
         """`[stop, rank_zero_note, wait_0 .. wait_{W-1}, count_0 ..]` (this rank's wait in
         its own slot, its part counts last) as the tensor that rides the update's
         all-reduce."""
-        size = 2 + self._waits + len(part_counts)
-        if len(self._host_flags) != size:  # a mixture's counts: sized once, on first use
-            self._host_flags = torch.zeros(size, dtype=torch.float32,
-                                           pin_memory=self._host_flags.is_pinned())
-        host = self._host_flags
+        host = slot.flags
         host[0], host[1], host[2 + self._rank] = flags[0], flags[1], data_wait
         if part_counts:
             host[2 + self._waits:] = torch.tensor(part_counts, dtype=torch.float32)
-        return host.to(self.device, non_blocking=True)
+        return slot.to_device()
 
     def _result(self, totals: list[float], skipped: bool, nonfinite: bool,
-                parts: int = 0) -> UpdateResult:
+                parts: int = 0) -> _Figures:
         """The totals as weighted means (none when the weight is 0) and control values."""
         totals, counts = (totals[:len(totals) - parts], totals[len(totals) - parts:])
         statistics, (stop, note), waits = (totals[:-2 - self._waits],
@@ -211,8 +273,8 @@ class Learner:
             metrics["loss"] = statistics[1] / weight
             for name, value in zip(self.metric_names or [], statistics[2:], strict=True):
                 metrics[name] = value / weight
-        return UpdateResult(metrics, weight, skipped, nonfinite, float(stop), float(note),
-                            tuple(waits), tuple(counts))
+        return _Figures(metrics, weight, skipped, nonfinite, float(stop), float(note),
+                        tuple(waits), tuple(counts))
 
     # -- state ---------------------------------------------------------------------------
 
@@ -220,9 +282,11 @@ class Learner:
         """The learner's part of a checkpoint, as its strategy keeps it (DDP: model,
         optimizer, schedule, scaler and EMA; FSDP: schedule and scaler, the rest in each
         rank's shard)."""
+        self.settle()
         return self.strategy.learner_state(self)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.settle()
         self.strategy.load_learner_state(self, state)
 
     def release(self) -> None:

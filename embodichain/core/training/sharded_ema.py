@@ -41,6 +41,10 @@ class ShardedEma:
             torch._foreach_copy_(list(self._buffers.values()),
                                  [self._source_buffers[n] for n in self._buffers])
 
+    def tensors(self) -> list[torch.Tensor]:
+        """What `update` changes (kept by the learner, to undo a skipped update's)."""
+        return [*self._averaged.values(), *self._buffers.values()]
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Local shards keyed like the model's state_dict (a rank's part of the EMA): the
         live tensors, which a re-cut restore (checkpoint/recut.py) fills in place."""

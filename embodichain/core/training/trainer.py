@@ -154,20 +154,27 @@ class SupervisedTrainer:
         try:
             if self.validation_due:  # one a stop cut short or skipped: first (R-EVAL-4)
                 stopping = self.validation(progress, stop)
+            lagged: UpdateResult | None = None  # figures read during the next update
             while self.step < t.max_updates and not stopping and not self.stops_early:
                 result = self._update(stop)
-                pace.add(result.data_waits, process_group.rank())
                 self.step += 1
-                stopping = signal_of(result.stop)
-                if result.rank_zero_note >= SAVE_FAILED:  # a background save failed
-                    self.checkpoints.stop_if_failed(self.checkpoints.writer.failure, self.step)
-                self._check_finite(result)
-                if result.skipped:
-                    self._record({"train/skipped": 1})
+                save_due = False
+                if lagged is not None:  # the last update's figures, on the host by now
+                    stopping, save_due = self._act_on(lagged, self.step - 1, pace)
+                    lagged = None
+                if not (stopping or save_due or self._reads_figures(self.step)):
+                    # R-GPU-1: nothing of this update is read now, so the host queues the
+                    # next one while the device computes; its figures (stop flags, skips,
+                    # note) are acted on after the next update, on every rank alike.
+                    lagged = result
+                    progress.update(self.step)
+                    continue
+                now_stopping, now_due = self._act_on(result, self.step, pace)
+                stopping, save_due = stopping or now_stopping, save_due or now_due
                 if self.step % t.log_every == 0:
                     self._log_training(result, progress, pace)
                 stopping = self._validate_if_due(progress, stop, stopping)
-                if self._save_if_due(run.directory, result.rank_zero_note):
+                if self._save_if_due(run.directory, save_due):
                     saved_at = self.step
                 progress.update(self.step)
             if saved_at != self.step:
@@ -217,13 +224,13 @@ class SupervisedTrainer:
         self.validation_due = self.validation.configured
         return stopping or self.validation(progress, stop)
 
-    def _save_if_due(self, directory: Path, rank_zero_note: float) -> bool:
+    def _save_if_due(self, directory: Path, time_due: bool) -> bool:
         """The step file of `trainer.save_every`, else last.pt when `save_every_s` elapsed
-        (rank 0's note); whether a snapshot was saved."""
+        (`time_due`: rank 0's note); whether a snapshot was saved."""
         every = self.config.trainer.save_every
         if every and self.step % every == 0:
             self.save(directory / step_filename(self.step))
-        elif rank_zero_note == SAVE_DUE:
+        elif time_due:
             self.save(directory / LAST)
         else:
             return False
@@ -257,6 +264,27 @@ class SupervisedTrainer:
                                        data_wait=lambda: before + batches.seconds,
                                        part_counts=counts)
 
+    def _reads_figures(self, step: int) -> bool:
+        """Whether update `step` is read at once: it is logged, validated or saved, or it is
+        the last."""
+        t = self.config.trainer
+        return (step % t.log_every == 0 or step == t.max_updates
+                or bool(t.validate_every and step % t.validate_every == 0)
+                or bool(t.save_every and step % t.save_every == 0))
+
+    def _act_on(self, result: UpdateResult, step: int, pace: DataPace
+                ) -> tuple[int | None, bool]:
+        """What update `step`'s figures ask for: its data wait counted, a failed background
+        save or (on_nonfinite: stop) a non-finite loss raised, a skip recorded; whether to
+        stop (the signal every rank agreed on) and whether a time-based save is due."""
+        pace.add(result.data_waits, process_group.rank())
+        if result.rank_zero_note >= SAVE_FAILED:  # a background save failed
+            self.checkpoints.stop_if_failed(self.checkpoints.writer.failure, step)
+        self._check_finite(result, step)
+        if result.skipped:
+            self._record({"train/skipped": 1}, step)
+        return signal_of(result.stop), result.rank_zero_note == SAVE_DUE
+
     @property
     def stops_early(self) -> bool:
         """Whether `trainer.early_stop` ends the run at this update (R-MET-2)."""
@@ -281,25 +309,25 @@ class SupervisedTrainer:
                         else float("nan"), examples_per_s=record["time/examples_per_s"],
                         data_wait=record["time/data_wait_max"])
 
-    def _check_finite(self, result: UpdateResult) -> None:
-        """`trainer.on_nonfinite` after an update whose global loss was not finite (the
+    def _check_finite(self, result: UpdateResult, step: int) -> None:
+        """`trainer.on_nonfinite` after update `step`, whose global loss was not finite (the
         learner did not apply it): `stop` raises here, on every rank at the same update."""
         if not result.nonfinite:
             return
-        self._record({"train/nonfinite": 1})
+        self._record({"train/nonfinite": 1}, step)
         if self.config.trainer.on_nonfinite == "stop":
             self.checkpoints.settle()  # a snapshot in flight is the last good one: named
             # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
             directory = require_run(self).directory if process_group.is_rank_zero() \
                 else None
-            raise TrainingError(stop_message(self.step, result.loss, directory))
+            raise TrainingError(stop_message(step, result.loss, directory))
 
-    def _record(self, values: Mapping[str, Any]) -> None:
+    def _record(self, values: Mapping[str, Any], step: int | None = None) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
         self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
         run = require_run(self)
         if run.metrics is not None:
-            run.metrics.write({"step": self.step, **values})
+            run.metrics.write({"step": self.step if step is None else step, **values})
 
     # -- checkpoints and lifecycle -----------------------------------------------------
 

@@ -110,7 +110,7 @@ class Strategy(ABC):
     def accumulate(self, trained: nn.Module, objective: Objective,
                    micro_batches: Sequence[Batch], statistics: Statistics,
                    flags: Callable[[], torch.Tensor], scaler: torch.amp.GradScaler
-                   ) -> list[float]:
+                   ) -> torch.Tensor:
         """Forward and backward of each micro-batch (R-LOOP-1); the global totals
         `[w, w*loss, w*metric..., stop, note]`, summed over every rank and micro-batch, with
         the gradients divided by the global weight. One gradient reduction per update: only
@@ -141,14 +141,12 @@ class Strategy(ABC):
         return None
 
     @abstractmethod
-    def reduce(self, totals: torch.Tensor) -> list[float]:
-        """After the last backward: the global totals; the gradients divided by the
-        global weight (a zero weight leaves zero gradients)."""
+    def reduce(self, totals: torch.Tensor) -> torch.Tensor:
+        """After the last backward: the global totals, left on the device (R-GPU-1); the
+        gradients divided by the global weight (a zero weight leaves zero gradients)."""
 
-    def clip(self, model: nn.Module, optimizer: torch.optim.Optimizer,
-             scaler: torch.amp.GradScaler, max_norm: float) -> None:
-        """Clip the global gradient norm (unscaled first when a grad scaler is on)."""
-        scaler.unscale_(optimizer)
+    def clip(self, model: nn.Module, max_norm: float) -> None:
+        """Clip the global gradient norm (of gradients the learner has unscaled)."""
         nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     # -- checkpoints -------------------------------------------------------------------

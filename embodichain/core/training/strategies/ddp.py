@@ -79,6 +79,7 @@ class DdpStrategy(Strategy):
                  options: SpreadOptions | None = None) -> None:
         super().__init__(device, precision, options)
         self._model: nn.Module | None = None
+        self._parameters: list[nn.Parameter] = []
         self._ddp: DistributedDataParallel | None = None
         self._reduce = _ReduceState(dist.group.WORLD if process_group.is_distributed()
                                     else None)
@@ -86,6 +87,7 @@ class DdpStrategy(Strategy):
     def prepare(self, model: nn.Module, param_groups: Sequence[dict[str, Any]] | None
                 ) -> Sequence[dict[str, Any]] | None:
         self._model = model
+        self._parameters = list(model.parameters())  # not walked again every update
         return param_groups
 
     def make_ema(self, model: nn.Module, decay: float) -> Ema:
@@ -118,14 +120,14 @@ class DdpStrategy(Strategy):
     def before_last_backward(self, totals: torch.Tensor) -> None:
         self._reduce.local = totals  # the comm hook sends it with the gradients
 
-    def reduce(self, totals: torch.Tensor) -> list[float]:
+    def reduce(self, totals: torch.Tensor) -> torch.Tensor:
         if self._ddp is not None:
-            return self._reduce.reduced.tolist()
+            return self._reduce.reduced
         # One process: the same arithmetic, locally.
         weight = totals[0].clamp_min(torch.finfo(totals.dtype).tiny)
-        grads = [p.grad for p in self._model.parameters() if p.grad is not None]
+        grads = [p.grad for p in self._parameters if p.grad is not None]
         torch._foreach_div_(grads, weight)
-        return totals.tolist()
+        return totals
 
     # -- checkpoints -------------------------------------------------------------------
 

@@ -118,10 +118,10 @@ class FsdpStrategy(Strategy):
         sharding.set_gradient_sync(self._model, last)
         yield
 
-    def reduce(self, totals: torch.Tensor) -> list[float]:
+    def reduce(self, totals: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(totals)
         sharding.divide_gradients(self._model.parameters(), totals[0])
-        return totals.tolist()
+        return totals
 
     # -- checkpoints -------------------------------------------------------------------
 

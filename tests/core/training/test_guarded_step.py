@@ -1,0 +1,158 @@
+"""R-GPU-1: the skip decided on the device leaves everything as the host-side skip did.
+
+The learner always runs the optimizer's step and puts back what a skipped update must not
+change (core/training/guarded_step.py). Against a hand-written loop that decides on the host
+(`if weight == 0 or not finite: no step, no EMA`), over updates with zero weight and with a
+non-finite loss among normal ones, for Adam, AdamW and SGD with momentum, with clipping and
+an EMA: parameters, optimizer state (moments and step counts; no state at all after a
+skipped first update), schedule and EMA are bitwise equal after every update.
+
+Catches: the optimizer state of a skipped step not restored (Adam's step count or moments
+advanced), the state a skipped first step created left behind, the parameters not selected
+back, the EMA moved on a skipped update, and a guarded step whose arithmetic differs.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
+from embodichain.core.training.ema import Ema
+from embodichain.core.training.learner import Learner
+from embodichain.core.training.param_groups import build_optimizer, build_param_groups
+
+CPU = torch.device("cpu")
+# weight 0 first (state a skipped first step creates), then normal, zero and non-finite
+PLAN = ["zero", "ok", "ok", "zero", "ok", "nan", "ok", "inf", "ok", "ok"]
+
+
+def objective(model: nn.Module, batch: dict[str, torch.Tensor]):
+    from embodichain.learning.sl import LossResult
+
+    loss = (model(batch["x"]) - batch["y"]).square().mean() * batch["scale"]
+    return LossResult(loss=loss, weight=batch["weight"])
+
+
+def batch(kind: str, g: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"x": torch.randn(8, 4, generator=g), "y": torch.randn(8, 2, generator=g),
+            "weight": torch.tensor(0.0 if kind == "zero" else 8.0),
+            "scale": torch.tensor({"nan": float("nan"), "inf": float("inf")}.get(kind, 1.0))}
+
+
+def make_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 2))
+
+
+def assert_same(a, b, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), f"{where}: {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a} != {b}"
+
+
+@pytest.mark.parametrize("config", [
+    OptimizerConfig(name="adam", lr=0.01, grad_clip=0.5),
+    OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.1),
+    OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True),
+    OptimizerConfig(name="sgd", lr=0.05),
+], ids=["adam+clip", "adamw", "sgd-nesterov", "sgd"])
+def test_device_skip_equals_the_host_skip(config: OptimizerConfig) -> None:
+    schedule = SchedulerConfig(name="cosine", end_lr=0.001, warmup_updates=2)
+    learner = Learner(make_model(), config, schedule, len(PLAN), CPU, ema_decay=0.8)
+    # The reference: today's loop, deciding on the host.
+    model = make_model()
+    optimizer = build_optimizer(build_param_groups(model, config), config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learner._lr_factor)
+    ema = Ema(model, 0.8)
+    g_learner, g_reference = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    for step, kind in enumerate(PLAN, 1):
+        result = learner.update(objective, batch(kind, g_learner))
+        data = batch(kind, g_reference)
+        out = objective(model, data)
+        (out.loss * out.weight).backward()
+        weight = float(out.weight)
+        skip = weight == 0 or not torch.isfinite(out.loss).item()
+        if not skip:
+            for p in model.parameters():
+                p.grad.div_(weight)
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            ema.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert result.skipped == skip and result.nonfinite == (kind in ("nan", "inf"))
+        where = f"update {step} ({kind})"
+        assert_same(learner.model.state_dict(), model.state_dict(), f"{where} model")
+        assert_same(learner.optimizer.state_dict(), optimizer.state_dict(),
+                    f"{where} optimizer")
+        assert_same(learner.scheduler.state_dict(), scheduler.state_dict(), f"{where} schedule")
+        assert_same(learner.ema.state_dict(), ema.state_dict(), f"{where} EMA")
+    assert any(not torch.equal(a, b) for a, b in zip(
+        learner.model.state_dict().values(), make_model().state_dict().values(), strict=True))
+    learner.release()
+
+
+def test_a_lagged_settle_restores_before_the_next_step() -> None:
+    """Two updates in a row without reading the first one's figures: the second settles
+    the first (a skipped one's Adam state put back) before it steps."""
+    config = OptimizerConfig(name="adam", lr=0.01)
+    learner = Learner(make_model(), config, None, 4, CPU)
+    g = torch.Generator().manual_seed(3)
+    learner.update(objective, batch("ok", g))
+    learner.settle()
+    state = copy.deepcopy(learner.optimizer.state_dict())
+    first = learner.update(objective, batch("nan", g))
+    assert not first.settled
+    second = learner.update(objective, batch("ok", g))
+    assert first.settled and first.skipped and not second.settled
+    steps = {int(s["step"]) for s in learner.optimizer.state_dict()["state"].values()}
+    assert steps == {int(s["step"]) + 1 for s in state["state"].values()}  # one step, not two
+    learner.release()
+
+
+def _full(value):
+    """A state's tensors as plain ones (FSDP's are DTensors: gathered, one rank here)."""
+    if isinstance(value, dict):
+        return {k: _full(v) for k, v in value.items()}
+    if hasattr(value, "full_tensor"):
+        return value.full_tensor().clone()  # one rank: may be the shard itself
+    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+
+def test_fsdp_skips_leave_its_shards_and_state_as_they_were() -> None:
+    """Under FSDP (one rank) the device-side skip works on the local shards: a skipped
+    update leaves parameters, Adam's state and the sharded EMA bitwise as they were; a
+    normal one changes them."""
+    learner = Learner(make_model(), OptimizerConfig(name="adam", lr=0.01), None, len(PLAN),
+                      CPU, strategy="fsdp", ema_decay=0.8)
+    g = torch.Generator().manual_seed(5)
+    try:
+        for step, kind in enumerate(PLAN, 1):
+            learner.settle()
+            before = (_full(learner.model.state_dict()),
+                      _full(learner.optimizer.state_dict()["state"]),
+                      _full(learner.ema.state_dict()))
+            result = learner.update(objective, batch(kind, g)).settle()
+            after = (_full(learner.model.state_dict()),
+                     _full(learner.optimizer.state_dict()["state"]),
+                     _full(learner.ema.state_dict()))
+            if result.skipped:
+                assert_same(after, before, f"update {step} ({kind})")
+            else:
+                assert not torch.equal(after[0]["0.weight"], before[0]["0.weight"]), step
+    finally:
+        learner.release()
