@@ -12,12 +12,11 @@ from torch import nn
 
 from embodichain.core.checkpoint.disk_plan import warn_about_checkpoint_plan
 from embodichain.core.checkpoint.names import LAST, step_filename
-from embodichain.core.checkpoint.writer import SAVE_DUE, SAVE_FAILED
 from embodichain.core.data.micro_batches import TimedLoads
-from embodichain.core.data.mixture import part_counts, part_metrics
+from embodichain.core.data.mixture import part_counts
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
-from embodichain.core.distributed.stop_request import StopRequest, signal_of
+from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
 from embodichain.core.observe.pace import DataPace
@@ -32,9 +31,9 @@ from embodichain.core.training.batches import data_of
 from embodichain.core.training.callbacks import ValidationCallback
 from embodichain.core.training.checkpointing import Checkpointing, RunContext, require_run
 from embodichain.core.training.evaluating import check_acting
+from embodichain.core.training.figures import UpdateFigures
 from embodichain.core.training.learner import Learner, UpdateResult
 from embodichain.core.training.model_facts import recorded
-from embodichain.core.training.nonfinite import stop_message
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
@@ -116,6 +115,7 @@ class SupervisedTrainer:
         # Validations (core/training/validating.py); `validation_due`: this update's, which
         # a stop skipped or cut short, runs first when the run goes on (R-EVAL-4).
         self.validation = Validation(self, self._record)
+        self.figures = UpdateFigures(self, self._record)  # what an update's figures ask for
         self.validation_due = False
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
@@ -154,25 +154,21 @@ class SupervisedTrainer:
         try:
             if self.validation_due:  # one a stop cut short or skipped: first (R-EVAL-4)
                 stopping = self.validation(progress, stop)
-            lagged: UpdateResult | None = None  # figures read during the next update
             while self.step < t.max_updates and not stopping and not self.stops_early:
                 result = self._update(stop)
                 self.step += 1
-                save_due = False
-                if lagged is not None:  # the last update's figures, on the host by now
-                    stopping, save_due = self._act_on(lagged, self.step - 1, pace)
-                    lagged = None
-                if not (stopping or save_due or self._reads_figures(self.step)):
-                    # R-GPU-1: nothing of this update is read now, so the host queues the
-                    # next one while the device computes; its figures (stop flags, skips,
-                    # note) are acted on after the next update, on every rank alike.
-                    lagged = result
+                # The last update's figures, on the host by now (R-GPU-1).
+                stopping, save_due = self.figures.act_on_lagged(self.step - 1, pace)
+                if not (stopping or save_due or self.figures.read_at_once(self.step)):
+                    # Nothing of this update is read now: the host queues the next one while
+                    # the device computes; every rank acts on these figures after it.
+                    self.figures.lagged = result
                     progress.update(self.step)
                     continue
-                now_stopping, now_due = self._act_on(result, self.step, pace)
+                now_stopping, now_due = self.figures.act_on(result, self.step, pace)
                 stopping, save_due = stopping or now_stopping, save_due or now_due
                 if self.step % t.log_every == 0:
-                    self._log_training(result, progress, pace)
+                    self.figures.log(result, progress, pace)
                 stopping = self._validate_if_due(progress, stop, stopping)
                 if self._save_if_due(run.directory, save_due):
                     saved_at = self.step
@@ -205,6 +201,7 @@ class SupervisedTrainer:
         if rank_zero:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
+        self.figures.lagged = None
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -264,63 +261,11 @@ class SupervisedTrainer:
                                        data_wait=lambda: before + batches.seconds,
                                        part_counts=counts)
 
-    def _reads_figures(self, step: int) -> bool:
-        """Whether update `step` is read at once: it is logged, validated or saved, or it is
-        the last."""
-        t = self.config.trainer
-        return (step % t.log_every == 0 or step == t.max_updates
-                or bool(t.validate_every and step % t.validate_every == 0)
-                or bool(t.save_every and step % t.save_every == 0))
-
-    def _act_on(self, result: UpdateResult, step: int, pace: DataPace
-                ) -> tuple[int | None, bool]:
-        """What update `step`'s figures ask for: its data wait counted, a failed background
-        save or (on_nonfinite: stop) a non-finite loss raised, a skip recorded; whether to
-        stop (the signal every rank agreed on) and whether a time-based save is due."""
-        pace.add(result.data_waits, process_group.rank())
-        if result.rank_zero_note >= SAVE_FAILED:  # a background save failed
-            self.checkpoints.stop_if_failed(self.checkpoints.writer.failure, step)
-        self._check_finite(result, step)
-        if result.skipped:
-            self._record({"train/skipped": 1}, step)
-        return signal_of(result.stop), result.rank_zero_note == SAVE_DUE
-
     @property
     def stops_early(self) -> bool:
         """Whether `trainer.early_stop` ends the run at this update (R-MET-2)."""
         early = self.config.trainer.early_stop
         return early is not None and self.tracker.exhausted(early.patience)
-
-    def _log_training(self, result: UpdateResult, progress: ProgressReporter,
-                      pace: DataPace) -> None:
-        # A skipped update (zero global weight) has no loss: the key is left out, not NaN,
-        # so every line stays strict JSON.
-        record = {"train/weight": result.weight,
-                  **{f"train/{k}": v for k, v in result.metrics.items()},
-                  **({"train/nonfinite": 1.0} if result.nonfinite else {})}
-        record["train/lr"] = self.learner.lr
-        record.update(self.loader.metrics())  # train/epoch with trainer.sampling: epochs
-        record.update(part_metrics(self.sampler, result.part_counts))  # a mixture's parts
-        record["time/updates_per_s"] = progress.rate(self.step)
-        record["time/elapsed_s"] = progress.elapsed()
-        record.update(pace.metrics())
-        self._record(record)
-        progress.update(self.step, loss=result.loss if result.loss is not None
-                        else float("nan"), examples_per_s=record["time/examples_per_s"],
-                        data_wait=record["time/data_wait_max"])
-
-    def _check_finite(self, result: UpdateResult, step: int) -> None:
-        """`trainer.on_nonfinite` after update `step`, whose global loss was not finite (the
-        learner did not apply it): `stop` raises here, on every rank at the same update."""
-        if not result.nonfinite:
-            return
-        self._record({"train/nonfinite": 1}, step)
-        if self.config.trainer.on_nonfinite == "stop":
-            self.checkpoints.settle()  # a snapshot in flight is the last good one: named
-            # Only rank 0 reads the run directory (R-DIST-6: no shared filesystem assumed).
-            directory = require_run(self).directory if process_group.is_rank_zero() \
-                else None
-            raise TrainingError(stop_message(step, result.loss, directory))
 
     def _record(self, values: Mapping[str, Any], step: int | None = None) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
