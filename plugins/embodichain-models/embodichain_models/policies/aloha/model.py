@@ -15,6 +15,7 @@ chunk (ACT's style variable); at execution the latent is zero, its prior's mean.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,7 @@ class CameraEncoder(nn.Module):
             nn.AdaptiveAvgPool2d(IMAGE_GRID))
 
     def forward(self, image: torch.Tensor) -> torch.Tensor:
+        image = image.to(self.net[0].weight.dtype)
         return self.net((image - 0.5) / 0.25).flatten(2).transpose(1, 2)
 
 
@@ -113,8 +115,9 @@ class ActPolicy(nn.Module):
             nn.init.normal_(p, std=0.02)
 
     def normalised(self, observations: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        state = (observations[STATE].float() - self.state_mean) / self.state_std
-        env = (observations[ENV_STATE].float() - self.env_mean) / self.env_std
+        dtype = self.state_mean.dtype  # float32, or float64 when acting (`acting_copy`)
+        state = (observations[STATE].to(dtype) - self.state_mean) / self.state_std
+        env = (observations[ENV_STATE].to(dtype) - self.env_mean) / self.env_std
         return state, env
 
     def forward(self, observations: dict[str, torch.Tensor], actions: torch.Tensor | None = None,
@@ -137,15 +140,27 @@ class ActPolicy(nn.Module):
             latent = state.new_zeros(batch, s.latent_dim)
         tokens = [self.latent_in(latent).unsqueeze(1), self.state_in(state).unsqueeze(1),
                   self.env_in(env).unsqueeze(1)]
-        tokens += [self.cameras[c](observations[IMAGE_PREFIX + c].float()) for c in s.cameras]
+        tokens += [self.cameras[c](observations[IMAGE_PREFIX + c]).to(state.dtype)
+                   for c in s.cameras]
         memory = self.encoder(torch.cat(tokens, 1) + self.encoder_pos)
         out = self.decoder(self.queries.expand(batch, -1, -1), memory)
         return self.head(out), mu, logvar
 
     @torch.no_grad()
     def act_chunk(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The raw action chunk `[B, chunk, action_dim]` for raw observations."""
-        return self(observations)[0] * self.action_std + self.action_mean
+        """The raw action chunk `[B, chunk, action_dim]` for raw observations, float32 (in
+        this module's dtype, rounded to float32)."""
+        return (self(observations)[0] * self.action_std + self.action_mean).float()
+
+    def acting_copy(self) -> ActPolicy:
+        """A float64 copy that acts (the closed loop's and the artifact's forward): the
+        float32 chunk of a float64 computation, which two engines (torch here, onnxruntime
+        on a robot) round alike, where float32 computations differ in the last bits and a
+        closed loop's contacts make that a different trajectory. The camera encoders stay
+        float32 (onnxruntime's CPU convolutions are float32 only)."""
+        acting = copy.deepcopy(self).double().eval()
+        acting.cameras.float()
+        return acting
 
     def observation_keys(self) -> list[str]:
         return [STATE, ENV_STATE, *(IMAGE_PREFIX + c for c in self.shape.cameras)]
@@ -153,7 +168,7 @@ class ActPolicy(nn.Module):
     def deployable(self) -> nn.Module:
         """A module mapping raw float32 observation tensors (positional, in the order of
         `interface()["observations"]`) to the raw action chunk, normalisation baked in."""
-        return DeployableAct(self)
+        return DeployableAct(self.acting_copy())
 
     def interface(self) -> dict[str, Any]:
         """What the deployable forward reads and writes, and how its chunks are executed."""
@@ -185,8 +200,7 @@ class DeployableAct(nn.Module):
 
     def forward(self, *observations: torch.Tensor) -> torch.Tensor:
         named = dict(zip(self.keys, observations, strict=True))
-        chunk = self.policy(named)[0]
-        return chunk * self.policy.action_std + self.policy.action_mean
+        return self.policy.act_chunk(named)
 
 
 def masked_l1(pred: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor
