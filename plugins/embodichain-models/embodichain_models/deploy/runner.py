@@ -208,7 +208,7 @@ class Horizon:
         assert self.plan is not None
         action = self.plan[np.arange(len(self.t)), self.t % self.horizon]
         self.t += 1
-        return action
+        return action.astype(np.float32, copy=False)
 
 
 class TemporalEnsemble:

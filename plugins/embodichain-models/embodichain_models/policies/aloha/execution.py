@@ -54,7 +54,7 @@ class ChunkExecution:
         execution.start(len(next(iter(inputs.values()))))
         chunk = None
         if execution.wants_chunk():  # as the runner: no forward while every slot has a plan
-            chunk = self.chunk_fn(inputs).detach().to("cpu", torch.float32).numpy()
+            chunk = self.chunk_fn(inputs).detach().cpu().numpy()
         return execution.step(chunk)
 
 

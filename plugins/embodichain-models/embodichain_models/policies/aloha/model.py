@@ -19,6 +19,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -148,18 +149,23 @@ class ActPolicy(nn.Module):
 
     @torch.no_grad()
     def act_chunk(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The raw action chunk `[B, chunk, action_dim]` for raw observations, float32 (in
-        this module's dtype, rounded to float32)."""
+        """The raw action chunk `[B, chunk, action_dim]` for raw observations, float32
+        (computed in this module's dtype: float64 for the acting copy)."""
         return (self(observations)[0] * self.action_std + self.action_mean).float()
 
     def acting_copy(self) -> ActPolicy:
-        """A float64 copy that acts (the closed loop's and the artifact's forward): the
-        float32 chunk of a float64 computation, which two engines (torch here, onnxruntime
-        on a robot) round alike, where float32 computations differ in the last bits and a
-        closed loop's contacts make that a different trajectory. The camera encoders stay
-        float32 (onnxruntime's CPU convolutions are float32 only)."""
+        """The copy that acts, in the closed loop and in the exported artifact: float64,
+        its layer norms' epsilon the float32 that ONNX's attribute holds. Two engines
+        (torch here, onnxruntime on a robot) computing in float32 differ in the last bits
+        of most chunk entries, and a closed loop's contacts grow that into another
+        trajectory; this computation differs by ~1e-15 between them, which the float32
+        chunk absorbs (docs/deploy.md, "Parity"). The camera encoders stay float32
+        (onnxruntime's CPU convolutions are float32 only)."""
         acting = copy.deepcopy(self).double().eval()
         acting.cameras.float()
+        for module in acting.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.eps = float(np.float32(module.eps))
         return acting
 
     def observation_keys(self) -> list[str]:
