@@ -1,9 +1,10 @@
 """A rank's environment slots: where its episodes run, one after another in each slot.
 
 `LocalSlot` (`evaluation.vector: sync`) steps its environment in this process, as gymnasium's
-SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
-AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
-off at the episode's wall-clock limit (the process is killed). The limit counts the
+SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own (from a fork
+server, never forked from this process), as AsyncVectorEnv does, so that slow simulators
+step in parallel and a step that hangs is cut off at the episode's wall-clock limit (the
+process is killed). The limit counts the
 environment's own time (its resets, steps and renders), not the policy's nor the other
 slots'. Unlike gymnasium's vector
 environments, a slot never resets by itself: the evaluation resets it with the next
@@ -70,13 +71,23 @@ class LocalSlot(Slot):
         self.host.close()
 
 
+WORKER_MODULE = "embodichain.core.evaluation.worker"
+
+
 def _context() -> Any:
-    """fork where there is one, as gymnasium's AsyncVectorEnv does on Linux: a worker starts
-    at once, with the modules this process has imported, and without running the main
-    script again (forkserver and spawn re-import it in every worker). The environment must
-    then not need CUDA state of this process (build it in the worker: it is)."""
+    """forkserver where there is one, else spawn; never fork. The evaluating process has
+    gloo's and OpenMP's threads (and maybe CUDA) by the time it evaluates, and a fork
+    copies their locks in whatever state they are in. The fork server is a fresh
+    interpreter started once per evaluating process, holding the worker's module (not
+    the main script: forkserver and spawn would re-import it); each slot's process is
+    forked from it and imports its environment's modules itself (the spec names them by
+    import path, so it pickles)."""
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([WORKER_MODULE])
+    return context
 
 
 class ProcessSlot(Slot):
