@@ -85,8 +85,8 @@ def compare(run: Path, workdir: Path, episodes: int, seed: int) -> int:
     want, got = found["checkpoint"], found["artifact"]
     differ = [s for s in sorted(want) if want[s] != got.get(s)]
     for s in differ:
-        print(f"  seed {s}: checkpoint {dict(zip(FIELDS, want[s]))}, artifact "
-              f"{dict(zip(FIELDS, got.get(s, ())))}")
+        print(f"  seed {s}: checkpoint {dict(zip(FIELDS, want[s], strict=True))}, artifact "
+              f"{dict(zip(FIELDS, got.get(s, ()), strict=False))}")
     print(f"per-episode outcomes ({', '.join(FIELDS)}) differ in {len(differ)} of "
           f"{len(want)} episodes (seeds {seed}..{seed + episodes - 1})")
     return 1 if differ or len(want) != episodes else 0
