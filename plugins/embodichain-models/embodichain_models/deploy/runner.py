@@ -257,16 +257,19 @@ def ensembled(candidates: np.ndarray, count: np.ndarray, m: float) -> np.ndarray
     not depend on the batch's size or the other slots: a checkpoint and its artifact whose
     chunks are equal act equally (docs/deploy.md, "Parity")."""
     batch, depth = candidates.shape[:2]
-    values = candidates.astype(np.float64)
     n = np.asarray(count, dtype=np.int64).reshape(batch, 1)
-    total = np.zeros((batch, 1))
+    ago = np.arange(depth)[None, :]
+    real = ago < n  # [B, depth]: the predictions made since the slot's reset
+    weights = np.where(real, np.exp(-m * np.maximum(n - 1 - ago, 0)), 0.0)
+    expand = (batch, depth) + (1,) * (candidates.ndim - 2)
+    values = np.where(real.reshape(expand), candidates.astype(np.float64), 0.0)
+    weighted = weights.reshape(expand) * values
+    total = np.zeros(batch)
     action = np.zeros((batch, *candidates.shape[2:]))
+    for j in reversed(range(depth)):  # oldest first (what is not real adds an exact 0)
+        total += weights[:, j]
+        action += weighted[:, j]
     expand = (batch,) + (1,) * (candidates.ndim - 2)
-    for j in reversed(range(depth)):  # oldest first
-        real = j < n
-        weight = np.where(real, np.exp(-m * np.maximum(n - 1 - j, 0)), 0.0)
-        total += weight
-        action += np.where(real.reshape(expand), weight.reshape(expand) * values[:, j], 0.0)
     return (action / total.reshape(expand)).astype(np.float32)
 
 
