@@ -157,6 +157,34 @@ def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
     assert result.weight.item() == 8 and "kl" in result.metrics
 
 
+def test_the_acting_forward_and_its_onnx_give_equal_chunks(tmp_path: Path) -> None:
+    """Catches an ACT acting in float32, or in float64 with its layer norms' epsilon other
+    than the float32 that ONNX's attribute holds (torch and onnxruntime then round some
+    chunk entries differently, and a closed loop's trajectories part): on 64 observations
+    the exported ONNX forward gives the acting copy's float32 chunks bitwise."""
+    import onnxruntime as ort
+
+    from embodichain.core.deploy.artifact import _write_onnx
+    from embodichain.core.deploy.program import Flat, export_program
+
+    model = _model()
+    keys = list(model.interface()["observations"])
+    interface = {**model.interface(), "format": 1}
+    interface["action"]["dtype"] = "float32"
+    for spec in interface["observations"].values():
+        spec.setdefault("dtype", "float32")
+    flat = Flat(model.deployable(), keys).eval()
+    _write_onnx(export_program(flat, interface, "ACT"), interface, tmp_path / "act.onnx", "ACT")
+    session = ort.InferenceSession(str(tmp_path / "act.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    obs = {"observation.state": rng.standard_normal((64, 14)).astype(np.float32),
+           "observation.environment_state": rng.standard_normal((64, 7)).astype(np.float32)}
+    got = session.run(None, obs)[0]
+    want = model.acting_copy().act_chunk({k: torch.from_numpy(v) for k, v in obs.items()})
+    assert got.dtype == np.float32 and np.array_equal(got, want.numpy())
+
+
 def test_training_targets_are_the_deployed_actions_normalised() -> None:
     """Catches ACT's training targets not divided by the action std (`normalised_actions`
     returning `actions - mean`: training, checkpoint, artifact and closed loop then agree
