@@ -165,14 +165,12 @@ def test_the_acting_forward_and_its_onnx_give_equal_chunks(tmp_path: Path) -> No
     import onnxruntime as ort
 
     from embodichain.core.deploy.artifact import _write_onnx
+    from embodichain.core.deploy.interface import normalized_interface
     from embodichain.core.deploy.program import Flat, export_program
 
     model = _model()
-    keys = list(model.interface()["observations"])
-    interface = {**model.interface(), "format": 1}
-    interface["action"]["dtype"] = "float32"
-    for spec in interface["observations"].values():
-        spec.setdefault("dtype", "float32")
+    interface = normalized_interface(model.interface(), "aloha_act")
+    keys = list(interface["observations"])
     flat = Flat(model.deployable(), keys).eval()
     _write_onnx(export_program(flat, interface, "ACT"), interface, tmp_path / "act.onnx", "ACT")
     session = ort.InferenceSession(str(tmp_path / "act.onnx"),
