@@ -15,7 +15,6 @@ chunk (ACT's style variable); at execution the latent is zero, its prior's mean.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,7 +160,16 @@ class ActPolicy(nn.Module):
         trajectory; this computation differs by ~1e-15 between them, which the float32
         chunk absorbs (docs/deploy.md, "Parity"). The camera encoders stay float32
         (onnxruntime's CPU convolutions are float32 only)."""
-        acting = copy.deepcopy(self).double().eval()
+        # Rebuilt from the full weights rather than deep-copied: under FSDP this module's
+        # parameters are shards (full_tensor() gathers them; every rank calls it).
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                 for k, v in self.state_dict().items()}
+        stats = {key: {"mean": state[f"{name}_mean"], "std": state[f"{name}_std"]}
+                 for key, name in ((STATE, "state"), (ENV_STATE, "env"), (ACTION, "action"))}
+        with torch.random.fork_rng(devices=[]):  # its initialisation is overwritten
+            acting = ActPolicy(self.shape, stats)
+        acting.load_state_dict(state)
+        acting = acting.to(self.state_mean.device).double().eval()
         acting.cameras.float()
         for module in acting.modules():
             if isinstance(module, nn.LayerNorm):
