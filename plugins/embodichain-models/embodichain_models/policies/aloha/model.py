@@ -5,7 +5,9 @@ cameras, each camera's image through a small convolutional encoder into a grid o
 a transformer encoder reads one token per input (plus the CVAE's latent token); a decoder
 with `chunk` learned queries cross-attends to it and predicts the next `chunk` joint
 targets. Inputs and actions are normalised by the dataset's mean and std, held as buffers,
-so the model itself maps raw observations to raw actions (`deployable()`).
+so the model itself maps raw observations to raw actions (`deployable()`). It acts, in the
+closed loop and as the exported artifact, through a float64 copy (`acting_copy`), so that
+the checkpoint and its artifact give equal chunks.
 
 Training (`objective`): the L1 error of the normalised chunk over the steps inside the
 episode (`action_is_pad` masks the rest), plus, with the CVAE (`cvae: true`), `kl_weight`
