@@ -276,6 +276,28 @@ def test_a_forward_shorter_than_its_declared_chunk_is_refused(
     assert not out.exists()
 
 
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_an_artifact_that_computes_something_else_is_not_published(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Catches `export --policy`'s check against the eager model comparing shapes only (an
+    artifact that computes something else published as "checked"): a deployable forward
+    whose traced graph scales the chunk by 1.01 (same shape) is refused, exit 2, with the
+    largest difference named, and nothing is written."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run",
+                          **{"factory": "deploying:drifting", "trainer.max_updates": 1,
+                             "trainer.save_every": 1})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress",
+                      env=factories_env()))
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "factories"))
+    out = tmp_path / f"policy.{fmt}"
+    result = invoke("export", str(tmp_path / "run"), "--policy", str(out))
+    assert result.exit_code == 2, result.output
+    assert "does not act like the model" in result.stderr
+    assert "largest difference" in result.stderr and "inf" not in result.stderr
+    assert "Traceback" not in result.stderr and not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".policy")]
+
+
 def test_a_model_without_deployable_forward_is_refused(tmp_path: Path) -> None:
     """Catches an export of the training model itself (the objective's forward) when the
     factory declares nothing: sl_ddp's model has no deployable() and is refused, exit 2."""

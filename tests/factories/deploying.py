@@ -4,6 +4,9 @@
   (`.item()`), which `torch.export` cannot capture in a graph: export is refused;
 - `deploying:chunked`: an exportable policy, `x [B, 4] -> chunk [B, 3, 2]` (the model's
   output and shifted copies of it), executed by temporal ensembling (m = 0.5);
+- `deploying:drifting`: `chunked`'s policy whose traced graph computes something else than
+  its eager forward (the chunk scaled by 1.01 while `torch.export` traces): the export's
+  check against the model must refuse it;
 - `deploying:reach`: a linear policy judged in closed_loop's Reach environment (its
   evaluation section), declaring a one-action chunk executed with horizon 1;
 - `deploying:short`: `chunked`'s forward (3 actions) declaring a chunk of 4.
@@ -102,6 +105,26 @@ def short(config, device):
 branching.config_schema = sl_ddp.build_supervised_trainer.config_schema
 chunked.config_schema = sl_ddp.build_supervised_trainer.config_schema
 short.config_schema = sl_ddp.build_supervised_trainer.config_schema
+
+
+class Drifting(Chunked):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)
+        return y * 1.01 if torch.compiler.is_exporting() else y  # same shape, other values
+
+
+class DriftingModel(ChunkedModel):
+    """`ChunkedModel` whose exported graph is not its eager forward."""
+
+    def deployable(self) -> nn.Module:
+        return Drifting(self)
+
+
+def drifting(config, device):
+    return _trainer(config, device, DriftingModel)
+
+
+drifting.config_schema = sl_ddp.build_supervised_trainer.config_schema
 
 
 class ReachModel(nn.Module):

@@ -212,13 +212,14 @@ class Horizon:
         assert self.plan is not None
         action = self.plan[np.arange(len(self.t)), self.t % self.horizon]
         self.t += 1
-        return action
+        return action.astype(np.float32, copy=False)
 
 
 class TemporalEnsemble:
     """ACT's temporal ensembling (`{"temporal_ensemble": m}`): a chunk every step; the action
     for step t is the average of every chunk's prediction for t, the one predicted i-th
-    (oldest first) weighted exp(-m * i)."""
+    (oldest first) weighted exp(-m * i), computed by `ensembled` (the one arithmetic that
+    the checkpoint's closed loop uses too)."""
 
     def __init__(self, coefficient: float, chunk: int) -> None:
         self.m, self.chunk = float(coefficient), chunk
@@ -248,12 +249,32 @@ class TemporalEnsemble:
         self.history = np.roll(self.history, -1, axis=1)
         self.history[:, -1] = chunk
         self.count = np.minimum(self.count + 1, self.chunk)
-        candidates = self.history[:, self._rows, self._cols]  # [B, chunk (j ago), A]
-        ago = self._cols[None, :]
-        n = self.count[:, None]
-        weights = np.where(ago < n, np.exp(-self.m * (n - 1 - ago)), 0.0)
-        weights = (weights / weights.sum(1, keepdims=True)).astype(chunk.dtype)
-        return np.einsum("bj,bja->ba", weights, candidates)
+        return ensembled(self.history[:, self._rows, self._cols], self.count, self.m)
+
+
+def ensembled(candidates: np.ndarray, count: np.ndarray, m: float) -> np.ndarray:
+    """Temporal ensembling's arithmetic, defined once: `candidates[b, j]` is the prediction
+    for this step that slot b's query of j steps ago made, the first `count[b]` of them real
+    (queries since the slot's reset). In float64 whatever the chunk's dtype, the i-th real
+    prediction (i = 0 the oldest) weighted w_i = exp(-m * i), summed oldest first, divided
+    by the weights' sum; returned as float32. Per slot and elementwise, so the action does
+    not depend on the batch's size or the other slots: a checkpoint and its artifact whose
+    chunks are equal act equally (docs/deploy.md, "Parity")."""
+    batch, depth = candidates.shape[:2]
+    n = np.asarray(count, dtype=np.int64).reshape(batch, 1)
+    ago = np.arange(depth)[None, :]
+    real = ago < n  # [B, depth]: the predictions made since the slot's reset
+    weights = np.where(real, np.exp(-m * np.maximum(n - 1 - ago, 0)), 0.0)
+    expand = (batch, depth) + (1,) * (candidates.ndim - 2)
+    values = np.where(real.reshape(expand), candidates.astype(np.float64), 0.0)
+    weighted = weights.reshape(expand) * values
+    total = np.zeros(batch)
+    action = np.zeros((batch, *candidates.shape[2:]))
+    for j in reversed(range(depth)):  # oldest first (what is not real adds an exact 0)
+        total += weights[:, j]
+        action += weighted[:, j]
+    expand = (batch,) + (1,) * (candidates.ndim - 2)
+    return (action / total.reshape(expand)).astype(np.float32)
 
 
 def execution_for(interface: Mapping[str, Any]) -> Horizon | TemporalEnsemble:

@@ -1,9 +1,10 @@
 """A rank's environment slots: where its episodes run, one after another in each slot.
 
 `LocalSlot` (`evaluation.vector: sync`) steps its environment in this process, as gymnasium's
-SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own, as
-AsyncVectorEnv does, so that slow simulators step in parallel and a step that hangs is cut
-off at the episode's wall-clock limit (the process is killed). The limit counts the
+SyncVectorEnv does; `ProcessSlot` (`async`) in a worker process of its own (from a fork
+server, never forked from this process), as AsyncVectorEnv does, so that slow simulators
+step in parallel and a step that hangs is cut off at the episode's wall-clock limit (the
+process is killed). The limit counts the
 environment's own time (its resets and steps), not the policy's, the other slots', nor the
 rendering of a filmed episode's frames (filming never changes an outcome, R-EVAL-5).
 Unlike gymnasium's vector environments, a slot never resets by itself: the evaluation
@@ -13,7 +14,7 @@ slot before any answer is awaited (`send`, then `receive`), so process slots ste
 
 `check_renders` makes one frame where the films will be made (a slot of the evaluation's
 kind: an async slot's renderer, e.g. MuJoCo's OpenGL context, is never created in the
-evaluating process, whose children fork from it), before training or `eval --videos`: an
+evaluating process, which may hold OpenGL and OpenMP state), before training or `eval --videos`: an
 environment that cannot render is refused then, naming `MUJOCO_GL` (R-EVAL-5).
 """
 
@@ -79,13 +80,23 @@ class LocalSlot(Slot):
         self.host.close()
 
 
+WORKER_MODULE = "embodichain.core.evaluation.worker"
+
+
 def _context() -> Any:
-    """fork where there is one, as gymnasium's AsyncVectorEnv does on Linux: a worker starts
-    at once, with the modules this process has imported, and without running the main
-    script again (forkserver and spawn re-import it in every worker). The environment must
-    then not need CUDA state of this process (build it in the worker: it is)."""
+    """forkserver where there is one, else spawn; never fork. The evaluating process has
+    gloo's and OpenMP's threads (and maybe CUDA) by the time it evaluates, and a fork
+    copies their locks in whatever state they are in. The fork server is a fresh
+    interpreter started once per evaluating process, holding the worker's module (not
+    the main script: forkserver and spawn would re-import it); each slot's process is
+    forked from it and imports its environment's modules itself (the spec names them by
+    import path, so it pickles)."""
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if "forkserver" not in methods:
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([WORKER_MODULE])
+    return context
 
 
 class ProcessSlot(Slot):

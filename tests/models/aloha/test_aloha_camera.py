@@ -153,8 +153,7 @@ def test_the_exported_camera_policy_takes_the_camera_frame_as_it_comes(
     """Catches camera preprocessing left out of the artifact (a robot would have to resize
     and normalise as the training code does): the ONNX policy takes the uint8 480x640 frame
     and gives the checkpoint's chunk."""
-    from embodichain_models.deploy.runner import PolicyRunner
-
+    from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model
 
     artifact = tmp_path / "camera.onnx"

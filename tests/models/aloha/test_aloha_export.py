@@ -1,6 +1,7 @@
 """The ALOHA ACT policy exported with `embodichain export --policy` and driven by the
 framework-free runner in the MuJoCo scene acts as its checkpoint does (R-DEPLOY-1): the
-same states step by step on evaluation seeds, hence the same per-episode outcomes.
+same actions and states step by step, bit for bit, on evaluation seeds, hence the same
+per-episode outcomes (the short version of benchmarks/aloha_artifact_parity.py).
 
 Tiny: 2 recorded transfer-cube demonstrations, a 32-wide ACT trained for 4 updates,
 2 episodes of 40 steps (`embodichain-models[sim]`)."""
@@ -48,33 +49,38 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "run"
 
 
-def rollout(policy, seed: int) -> tuple[np.ndarray, bool]:
-    """The joint states of one episode the policy drives, and whether it succeeded."""
+def rollout(policy, seed: int) -> tuple[np.ndarray, np.ndarray, float, bool]:
+    """The actions and joint states of one episode the policy drives, its return, and
+    whether it succeeded."""
     import embodichain_models.envs  # noqa: F401  (registers the ids)
     import gymnasium as gym
 
     env = gym.make("embodichain_models/AlohaTransferCube-v0", task="transfer_cube")
     obs, info = env.reset(seed=seed)
     policy.reset(0)
-    states, success = [], False
+    actions, states, total, success = [], [], 0.0, False
     for _ in range(STEPS):
         batched = {k: np.asarray(v)[None] for k, v in obs.items()}
         action = np.asarray(policy.act(batched))[0]
-        obs, _, terminated, truncated, info = env.step(action)
+        obs, reward, terminated, truncated, info = env.step(action)
+        actions.append(action)
         states.append(obs["observation.state"])
+        total += float(reward)
         success = bool(info.get("is_success", False))
         if terminated or truncated:
             break
     env.close()
-    return np.stack(states), success
+    return np.stack(actions), np.stack(states), total, success
 
 
 def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
     """Catches an exported ACT whose chunks differ from the checkpoint's (normalisation not
-    baked in, another chunk length) or a runner whose temporal ensembling differs from the
-    recipe's (e.g. the newest chunk weighted most): driven by the runner on the evaluation
-    seeds, the ONNX artifact gives the checkpoint policy's joint states step by step (to
-    float32 rounding) and its outcomes."""
+    baked in, another chunk length), a runner whose temporal ensembling differs from the
+    recipe's (e.g. the newest chunk weighted most, or float32 arithmetic where the
+    closed loop's is float64), and a policy acting in float32 (torch and onnxruntime
+    then differ in the last bits, and the trajectories part): driven by the runner on
+    the evaluation seeds, the ONNX artifact gives the checkpoint policy's actions and
+    joint states step by step, bitwise, and its return and success."""
     from embodichain_models.policies.aloha.sl_recipe import policy_factory
 
     from embodichain.core.deploy.runner import PolicyRunner
@@ -90,10 +96,11 @@ def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
     model = trained_model(act_run / "last.pt").model
     checkpoint_policy = policy_factory({"temporal_ensemble": 0.01})(model, "cpu")
     for seed in SEEDS:
-        want, want_success = rollout(checkpoint_policy, seed)
-        got, got_success = rollout(runner, seed)
-        assert got_success == want_success
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        want = rollout(checkpoint_policy, seed)
+        got = rollout(runner, seed)
+        np.testing.assert_array_equal(got[0], want[0])  # actions
+        np.testing.assert_array_equal(got[1], want[1])  # joint states
+        assert got[2:] == want[2:]  # return, success
 
 
 def test_the_checkpoint_alone_exports_and_its_demonstration_seeds_are_refused(

@@ -126,7 +126,36 @@ def test_temporal_ensembling_weighs_each_steps_predictions_as_act() -> None:
     calls.clear()
     follow = ChunkExecution(chunk_fn, ["x"], 4, horizon=2)
     got = [follow.act({"x": np.zeros((2, 1), np.float32)})[0, 0] for _ in range(4)]
-    assert got == [0.0, 1.0, 200.0, 201.0]
+    assert got == [0.0, 1.0, 100.0, 101.0] and len(calls) == 2  # a chunk only when due
+
+
+def test_temporal_ensembling_past_a_chunks_end_is_acts_float64_mean_bit_for_bit() -> None:
+    """Catches the ensembling bound off by one (`<=` for `<`: a chunk used one step past its
+    end, or a slot's stale history counted after its reset), a window that keeps fewer than
+    `chunk` chunks, and float32 ensembling arithmetic (the checkpoint's closed loop and its
+    artifact's runner must compute one arithmetic: R-DEPLOY-1's parity): over 11 steps of a
+    4-step chunk, a reset of slot 1 at step 6 and random chunks, every action equals the
+    float32 of ACT's float64 weighted mean written out here (oldest first), bitwise."""
+    chunk, m, steps, reset_at = 4, 0.3, 11, 6
+    chunks = np.random.default_rng(0).standard_normal((steps, 2, chunk, 3)).astype(np.float32)
+    calls = iter(chunks)
+    ensemble = ChunkExecution(lambda obs: torch.from_numpy(next(calls)), ["x"], chunk,
+                              temporal_ensemble=m)
+    acted = []
+    for t in range(steps):
+        if t == reset_at:
+            ensemble.reset(1)
+        acted.append(ensemble.act({"x": np.zeros((2, 1), np.float32)}))
+    for t in range(steps):
+        for slot, start in ((0, 0), (1, 0 if t < reset_at else reset_at)):
+            made = [s for s in range(max(start, t - chunk + 1), t + 1)]  # oldest first
+            total, weights = np.zeros(3), 0.0
+            for i, s in enumerate(made):
+                weight = np.exp(-m * i)
+                total = total + weight * chunks[s, slot, t - s].astype(np.float64)
+                weights += weight
+            want = (total / weights).astype(np.float32)
+            assert np.array_equal(acted[t][slot], want), (t, slot, acted[t][slot], want)
 
 
 def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
@@ -138,9 +167,11 @@ def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
     keys = list(model.interface()["observations"])
     with torch.no_grad():  # (as acting: the same attention kernels)
         exported = model.deployable()(*(obs[k] for k in keys))
-    assert exported.shape == (3, 5, 14)
-    assert torch.equal(exported, model.act_chunk(obs))
-    assert torch.equal(model.act_chunk(obs), model.act_chunk(obs))
+    assert exported.shape == (3, 5, 14) and exported.dtype == torch.float32
+    acting = model.acting_copy()  # float64, as the closed loop acts
+    assert torch.equal(exported, acting.act_chunk(obs))
+    assert torch.equal(acting.act_chunk(obs), acting.act_chunk(obs))
+    assert torch.allclose(exported, model.act_chunk(obs), atol=1e-5)
     interface = model.interface()
     assert interface["execution"] == {"temporal_ensemble": 0.01} and interface["fps"] == 50
     batch = {**obs, "action": torch.randn(3, 5, 14),
@@ -148,6 +179,55 @@ def test_the_deployable_forward_is_the_policys_raw_chunk() -> None:
                                             [True] * 5])}
     result = objective(model.train(), batch)
     assert result.weight.item() == 8 and "kl" in result.metrics
+
+
+def test_the_acting_forward_and_its_onnx_give_equal_chunks(tmp_path: Path) -> None:
+    """Catches an ACT acting in float32, or in float64 with its layer norms' epsilon other
+    than the float32 that ONNX's attribute holds (torch and onnxruntime then round some
+    chunk entries differently, and a closed loop's trajectories part): on 64 observations
+    the exported ONNX forward gives the acting copy's float32 chunks bitwise."""
+    import onnxruntime as ort
+
+    from embodichain.core.deploy.artifact import _write_onnx
+    from embodichain.core.deploy.interface import normalized_interface
+    from embodichain.core.deploy.program import Flat, export_program
+
+    model = _model()
+    interface = normalized_interface(model.interface(), "aloha_act")
+    keys = list(interface["observations"])
+    flat = Flat(model.deployable(), keys).eval()
+    _write_onnx(export_program(flat, interface, "ACT"), interface, tmp_path / "act.onnx", "ACT")
+    session = ort.InferenceSession(str(tmp_path / "act.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    obs = {"observation.state": rng.standard_normal((64, 14)).astype(np.float32),
+           "observation.environment_state": rng.standard_normal((64, 7)).astype(np.float32)}
+    got = session.run(None, obs)[0]
+    want = model.acting_copy().act_chunk({k: torch.from_numpy(v) for k, v in obs.items()})
+    assert got.dtype == np.float32 and np.array_equal(got, want.numpy())
+
+
+def test_training_targets_are_the_deployed_actions_normalised() -> None:
+    """Catches ACT's training targets not divided by the action std (`normalised_actions`
+    returning `actions - mean`: training, checkpoint, artifact and closed loop then agree
+    with each other and every deployed action is off by the std's scale): a demonstration
+    whose actions are exactly what the policy deploys (its raw chunk, std 0.5..2 per
+    joint) costs it no loss, and so does the float64 acting copy's; an action moved by one
+    std costs an L1 of 1/action_dim per step."""
+    model = _model()
+    obs = {"observation.state": torch.randn(3, 14),
+           "observation.environment_state": torch.randn(3, 7)}
+    pad = torch.zeros(3, 5, dtype=torch.bool)
+    for acting in (model, model.acting_copy()):
+        deployed = acting.act_chunk(obs)
+        with torch.no_grad():
+            result = objective(model, {**obs, "action": deployed, "action_is_pad": pad})
+        assert result.metrics["l1"].item() < 1e-5, result.metrics
+    moved = deployed.clone()
+    moved[..., 3] += model.action_std[3]
+    with torch.no_grad():
+        result = objective(model, {**obs, "action": moved, "action_is_pad": pad})
+    assert abs(result.metrics["l1"].item() - 1 / 14) < 1e-4, result.metrics
 
 
 def test_a_camera_policy_sees_environment_frames_as_the_dataset_gives_them() -> None:

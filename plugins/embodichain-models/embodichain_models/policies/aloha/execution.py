@@ -9,6 +9,10 @@ and returns one action per slot, either
   (m = 0.01 in ACT: older predictions weigh slightly more), or
 - a fixed horizon h: a chunk's first h actions are executed, then a new chunk is taken.
 
+The execution is the exported artifact's runner's (`core.deploy.runner.execution_for`, its
+arithmetic `ensembled`): a checkpoint and its artifact execute equal chunks into equal
+actions, bit for bit.
+
 `chunk_fn` maps a dict of batched tensors (the observation keys: float32, camera frames
 uint8 `[B, H, W, 3]` as the environment gives them) to the raw chunk `[B, chunk, action_dim]`
 (the model's `act_chunk`, or an exported deployable forward). The observation keys are the
@@ -25,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from embodichain.core.deploy.runner import execution_for
+
 
 class ChunkExecution:
     """Chunk execution for a batch of environment slots (see the module's docstring)."""
@@ -38,43 +44,22 @@ class ChunkExecution:
             raise ValueError(f"horizon {horizon} must lie in 1..chunk ({chunk})")
         self.chunk_fn, self.keys, self.chunk = chunk_fn, list(keys), chunk
         self.device = torch.device(device)
-        self.m, self.horizon = temporal_ensemble, horizon
-        self.slots: dict[int, _Slot] = {}
+        execution = ({"horizon": horizon} if horizon is not None
+                     else {"temporal_ensemble": temporal_ensemble})
+        # The artifact runner's own execution (one arithmetic: R-DEPLOY-1's parity).
+        self.execution = execution_for({"chunk": chunk, "execution": execution})
 
     def reset(self, env_index: int) -> None:
-        self.slots[env_index] = _Slot()
+        self.execution.reset(env_index)
 
     def act(self, observations: Mapping[str, Any]) -> np.ndarray:
         inputs = {k: _tensor(observed(observations, k), self.device) for k in self.keys}
-        chunks = self.chunk_fn(inputs).detach().to("cpu", torch.float64).numpy()
-        actions = []
-        for i, chunk in enumerate(chunks):
-            slot = self.slots.setdefault(i, _Slot())
-            actions.append(slot.ensemble(chunk, self.m) if self.m is not None
-                           else slot.follow(chunk, self.horizon))
-            slot.t += 1
-        return np.stack(actions).astype(np.float32)
-
-
-class _Slot:
-    """One environment slot's step count and the chunks it still uses."""
-
-    def __init__(self) -> None:
-        self.t = 0
-        self.plans: list[tuple[int, np.ndarray]] = []  # (step it was made at, chunk), oldest first
-
-    def ensemble(self, chunk: np.ndarray, m: float) -> np.ndarray:
-        self.plans.append((self.t, chunk))
-        self.plans = [(t0, c) for t0, c in self.plans if self.t - t0 < len(c)]
-        predictions = np.stack([c[self.t - t0] for t0, c in self.plans])
-        weights = np.exp(-m * np.arange(len(predictions)))
-        return (weights[:, None] * predictions).sum(0) / weights.sum()
-
-    def follow(self, chunk: np.ndarray, horizon: int) -> np.ndarray:
-        if self.t % horizon == 0:
-            self.plans = [(self.t, chunk)]
-        t0, plan = self.plans[0]
-        return plan[self.t - t0]
+        execution = self.execution
+        execution.start(len(next(iter(inputs.values()))))
+        chunk = None
+        if execution.wants_chunk():  # as the runner: no forward while every slot has a plan
+            chunk = self.chunk_fn(inputs).detach().cpu().numpy()
+        return execution.step(chunk)
 
 
 STATE_KEY, IMAGE_PREFIX = "observation.state", "observation.images."

@@ -9,7 +9,8 @@ ResNet-18-style backbone (`backbone.py`) whose last feature map is a grid of tok
 ACT's. Inputs and actions are normalised by the dataset's mean and std, held as buffers,
 and a camera frame is taken as the camera gives it (uint8 `[H, W, 3]`, gym-aloha's 480x640)
 and resized in the model (`frames_in`), so the model itself maps raw observations to raw
-actions (`deployable()`).
+actions (`deployable()`). It acts, in the closed loop and as the exported artifact, through
+a float64 copy (`acting_copy`), so that the checkpoint and its artifact give equal chunks.
 
 Training (`objective`): the L1 error of the normalised chunk over the steps inside the
 episode (`action_is_pad` masks the rest), plus, with the CVAE (`cvae: true`), `kl_weight`
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -113,10 +115,11 @@ class ActPolicy(nn.Module):
 
     def normalised(self, observations: dict[str, torch.Tensor]
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        state = (observations[STATE].float() - self.state_mean) / self.state_std
+        dtype = self.state_mean.dtype  # float32, or float64 when acting (`acting_copy`)
+        state = (observations[STATE].to(dtype) - self.state_mean) / self.state_std
         if not self.shape.env_dim:
             return state, None
-        env = (observations[ENV_STATE].float() - self.env_mean) / self.env_std
+        env = (observations[ENV_STATE].to(dtype) - self.env_mean) / self.env_std
         return state, env
 
     def image(self, camera: str, frames: torch.Tensor) -> torch.Tensor:
@@ -150,16 +153,44 @@ class ActPolicy(nn.Module):
         tokens = [self.latent_in(latent).unsqueeze(1), self.state_in(state).unsqueeze(1)]
         if env is not None:
             tokens.append(self.env_in(env).unsqueeze(1))
-        tokens += [self.cameras[c](self.image(c, observations[IMAGE_PREFIX + c]))
-                   for c in s.cameras]
+        # The backbones compute in float32 also in the float64 acting copy (onnxruntime's
+        # CPU convolutions are float32 only).
+        tokens += [self.cameras[c](self.image(c, observations[IMAGE_PREFIX + c])
+                                   ).to(state.dtype) for c in s.cameras]
         memory = self.encoder(torch.cat(tokens, 1) + self.encoder_pos)
         out = self.decoder(self.queries.expand(batch, -1, -1), memory)
         return self.head(out), mu, logvar
 
     @torch.no_grad()
     def act_chunk(self, observations: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The raw action chunk `[B, chunk, action_dim]` for raw observations."""
-        return self(observations)[0] * self.action_std + self.action_mean
+        """The raw action chunk `[B, chunk, action_dim]` for raw observations, float32
+        (computed in this module's dtype: float64 for the acting copy)."""
+        return (self(observations)[0] * self.action_std + self.action_mean).float()
+
+    def acting_copy(self) -> ActPolicy:
+        """The copy that acts, in the closed loop and in the exported artifact: float64,
+        its layer norms' epsilon the float32 that ONNX's attribute holds. Two engines
+        (torch here, onnxruntime on a robot) computing in float32 differ in the last bits
+        of most chunk entries, and a closed loop's contacts grow that into another
+        trajectory; this computation differs by ~1e-15 between them, which the float32
+        chunk absorbs (docs/deploy.md, "Parity"). The camera backbones stay float32
+        (onnxruntime's CPU convolutions are float32 only)."""
+        # Rebuilt from the full weights rather than deep-copied: under FSDP this module's
+        # parameters are shards (full_tensor() gathers them; every rank calls it).
+        state = {k: v.full_tensor() if hasattr(v, "full_tensor") else v
+                 for k, v in self.state_dict().items()}
+        stats = {key: {"mean": state[f"{name}_mean"], "std": state[f"{name}_std"]}
+                 for key, name in ((STATE, "state"), (ENV_STATE, "env"), (ACTION, "action"))
+                 if f"{name}_mean" in state}
+        with torch.random.fork_rng(devices=[]):  # its initialisation is overwritten
+            acting = ActPolicy(self.shape, stats)
+        acting.load_state_dict(state)
+        acting = acting.to(self.state_mean.device).double().eval()
+        acting.cameras.float()
+        for module in acting.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.eps = float(np.float32(module.eps))
+        return acting
 
     def observation_keys(self) -> list[str]:
         return [STATE, *([ENV_STATE] if self.shape.env_dim else []),
@@ -168,7 +199,7 @@ class ActPolicy(nn.Module):
     def deployable(self) -> nn.Module:
         """A module mapping raw float32 observation tensors (positional, in the order of
         `interface()["observations"]`) to the raw action chunk, normalisation baked in."""
-        return DeployableAct(self)
+        return DeployableAct(self.acting_copy())
 
     def interface(self) -> dict[str, Any]:
         """What the deployable forward reads and writes, and how its chunks are executed."""
@@ -203,8 +234,7 @@ class DeployableAct(nn.Module):
 
     def forward(self, *observations: torch.Tensor) -> torch.Tensor:
         named = dict(zip(self.keys, observations, strict=True))
-        chunk = self.policy(named)[0]
-        return chunk * self.policy.action_std + self.policy.action_mean
+        return self.policy.act_chunk(named)
 
 
 def masked_l1(pred: torch.Tensor, target: torch.Tensor, is_pad: torch.Tensor

@@ -61,7 +61,7 @@ def policy_factory(execution: dict[str, float]):
     """`make_policy(model, device)`: the model's chunks executed as the recipe says."""
 
     def make_policy(model: nn.Module, device: torch.device) -> ChunkExecution:
-        core: ActPolicy = getattr(model, "module", model)
+        core: ActPolicy = getattr(model, "module", model).acting_copy()
         return ChunkExecution(core.act_chunk, core.observation_keys(), core.shape.chunk,
                               device, **execution)
 
