@@ -116,7 +116,8 @@ class ProcessSlot(Slot):
     def _start(self) -> None:
         context = _context()
         parent, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path)),
+        self.process = context.Process(target=serve, args=(child, self.spec, list(sys.path),
+                                                          dict(os.environ)),
                                        daemon=True,
                                        name="embodichain-eval-env")
         self.process.start()

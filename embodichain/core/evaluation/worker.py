@@ -72,9 +72,13 @@ class EnvHost:
                 env.close()
 
 
-def serve(connection: Any, spec: EnvSpec, path: list[str]) -> None:
+def serve(connection: Any, spec: EnvSpec, path: list[str],
+          environ: dict[str, str] | None = None) -> None:
     """A worker process's loop: `(command, argument, render)` in, `Answer` out. `path`: the
-    evaluating process's sys.path, where the environment's modules are found."""
+    evaluating process's sys.path, where the environment's modules are found; `environ`:
+    its environment variables when the slot started (the fork server it comes from holds
+    those of when it was started: `MUJOCO_GL` set since would otherwise be missed)."""
+    import os
     import signal
     import sys
 
@@ -83,6 +87,9 @@ def serve(connection: Any, spec: EnvSpec, path: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sys.path[:] = [*path, *(p for p in sys.path if p not in path)]
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     host = EnvHost(spec)
     try:
         while True:

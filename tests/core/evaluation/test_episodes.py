@@ -172,7 +172,9 @@ def test_the_wall_clock_limit_is_the_episodes_not_each_steps(vector: str) -> Non
     record = found[0].record
     assert record["failure"] is not None and record["failure"].startswith("timeout"), record
     assert record["length"] <= 2 and not record["success"]
-    assert time.perf_counter() - started < 6.0  # not ten steps of 0.9 s
+    # Not ten steps of 0.9 s (9 s and more); async's first slot also starts the fork server,
+    # a fresh interpreter, inside the window (2-3 s on a loaded 2-core machine).
+    assert time.perf_counter() - started < 8.0
 
 
 @pytest.mark.parametrize("vector", ["sync", "async"])
