@@ -15,6 +15,11 @@ from pathlib import Path
 
 import pytest
 
+# MuJoCo renders headless in the tests (software EGL here, CI's environment has no display):
+# without it, dm_control tries GLFW first, which aborts the process that renders (a test
+# recording camera frames in the pytest worker took its xdist node down).
+os.environ.setdefault("MUJOCO_GL", "egl")
+
 from tests.support import (
     RESTART_RECIPE,
     SHORT_RECIPE,
