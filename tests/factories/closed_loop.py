@@ -21,8 +21,9 @@ the same weights, bitwise; `data.acts_log: DIR` appends one line per policy call
 
 For the stop tests (R-EVAL-4), set in the environment, so that the recipe (and with it the
 resume) stays the same: EMBODICHAIN_TEST_EVAL_STEP_S makes every step of every episode sleep
-that long (a slow simulator), EMBODICHAIN_TEST_EVAL_MARK names a file that each reset appends
-a line to (an evaluation is under way: the process, the seed and its SIGTERM handler), and
+that long (a slow simulator), EMBODICHAIN_TEST_EVAL_MARK names a file that each episode's first
+step appends a line to (an evaluation is under way: the process, the seed and its SIGTERM
+handler; not the reset, which the admission check also does, before training), and
 EMBODICHAIN_TEST_SIGTERM_AT=U makes each process send itself SIGTERM in update U's loss (the
 stop is then agreed at a later update).
 """
@@ -66,14 +67,14 @@ class Reach(gym.Env):
         super().reset(seed=seed)
         self.seed_, self.t = seed, 0
         self.x = float(self.np_random.uniform(-1.0, 1.0))
-        mark = os.environ.get("EMBODICHAIN_TEST_EVAL_MARK")
-        if mark:
-            with open(mark, "a") as f:
-                f.write(f"{os.getpid()} {seed} {signal.getsignal(signal.SIGTERM)!r}\n")
         return np.full(self.dim, self.x, self.dtype), {}
 
     def step(self, action: Any):
         self.t += 1
+        mark = os.environ.get("EMBODICHAIN_TEST_EVAL_MARK")
+        if mark and self.t == 1:  # not at reset: the admission check resets before training
+            with open(mark, "a") as f:
+                f.write(f"{os.getpid()} {self.seed_} {signal.getsignal(signal.SIGTERM)!r}\n")
         time.sleep(float(os.environ.get("EMBODICHAIN_TEST_EVAL_STEP_S", "0")))
         if self.broken:
             raise RuntimeError("still broken since its fault")

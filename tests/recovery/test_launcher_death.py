@@ -258,5 +258,7 @@ def test_sigterm_during_a_long_validation_still_ends_with_a_snapshot(tmp_path: P
         out.close()
     printed = (tmp_path / "out.txt").read_text()
     assert "another rank ended" not in printed and "while waiting for" not in printed, printed
-    assert f"stopped by SIGTERM at update 51 of {MAX_UPDATES}: saved" in printed, printed
-    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 51
+    # The stop rides update 51's all-reduce and is read after update 52 (R-GPU-1: an
+    # update's figures are read during the next one).
+    assert f"stopped by SIGTERM at update 52 of {MAX_UPDATES}: saved" in printed, printed
+    assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 52

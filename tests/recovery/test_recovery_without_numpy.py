@@ -8,6 +8,8 @@ object collectives (torch's own need NumPy) are covered too.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,6 @@ import pytest
 from embodichain.core.checkpoint.file import read_checkpoint
 from tests.support import assert_ok, run_torchrun, worker_env, write_recipe
 from tests.support.recovery import assert_training_state_equal, metrics, without_time
-
-pytestmark = pytest.mark.slow  # every test here launches torchrun workers
 
 
 def _no_numpy_env(tmp_path: Path) -> dict[str, str]:
@@ -28,6 +28,23 @@ def _no_numpy_env(tmp_path: Path) -> dict[str, str]:
     return worker_env(PYTHONPATH=str(shim.parent))
 
 
+# Everything a training run imports, the built-in recipes' factories included.
+TRAINING_IMPORTS = ("embodichain.core.training.trainer", "embodichain.plugins.sl_ddp",
+                    "embodichain.cli")
+
+
+def test_the_training_modules_import_without_numpy(tmp_path: Path) -> None:
+    """A quick guard for the slow test below: catches a module-level `import numpy` in
+    anything training imports (the evaluation's admission once had one, and every run on a
+    machine without NumPy failed at its factory's import)."""
+    code = "import importlib, sys\n" + "".join(
+        f"importlib.import_module({m!r})\n" for m in TRAINING_IMPORTS)
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                          text=True, env=_no_numpy_env(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.mark.slow  # launches torchrun workers
 def test_exact_resume_without_numpy(tmp_path: Path) -> None:
     env = _no_numpy_env(tmp_path)
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "full", **{

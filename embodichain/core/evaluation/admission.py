@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-import numpy as np
-
 from embodichain.core.errors import UsageError
 from embodichain.core.evaluation.envs import EnvSpec, make_env
 from embodichain.core.evaluation.policy import ClosedLoopPolicy
@@ -67,6 +65,8 @@ def check_first_act(config: EvaluationConfig, policy: ClosedLoopPolicy, spaces: 
     not declared) when the policy fails or its action does not fit the action space. An
     environment that fails its reset is left to the episodes (a fault fails an episode,
     never the run)."""
+    # NumPy comes with gymnasium, not with the framework (training runs without it).
+    import numpy as np
     from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
     observation_space, action_space = spaces

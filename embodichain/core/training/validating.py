@@ -149,6 +149,9 @@ class Validation:
             except Exception as exc:
                 failure = f"{type(exc).__name__}: {exc}"
                 log.exception("validation failed at update %d", trainer.step)
+            # Ran to its end: the saves its callbacks asked for, written as the `with` ends,
+            # hold a state whose validation is done (a resume from one must not repeat it).
+            trainer.validation_due = False
         return None, failure
 
     def show(self, progress: ProgressReporter, metrics: Mapping[str, float]) -> None:

@@ -42,11 +42,11 @@ def _stopped_in_validation(tmp_path: Path, acts: Path, to_rank: int | None,
                            launch: list[str] = TORCHRUN, **evaluation: object
                            ) -> tuple[Path, int, str, float]:
     """Train under torchrun (or `launch`) with a slow simulator; once the validation at
-    update 2 has reset its first episode, SIGTERM the launcher's process group (`to_rank`
+    update 2 has stepped its first episode, SIGTERM the launcher's process group (`to_rank`
     None, as `kill -TERM -- -PGID` or a batch system does) or only that rank's worker.
     Returns the run directory, the launcher's exit code, what it printed and the seconds
     from the signal to its exit."""
-    run, mark = tmp_path / "run", tmp_path / "resets.txt"
+    run, mark = tmp_path / "run", tmp_path / "first_steps.txt"
     acts.mkdir()
     recipe = write(tmp_path / "r.yaml", run, data={"acts_log": str(acts)}, evaluation=evaluation)
     out = (tmp_path / "out.txt").open("w")
@@ -150,7 +150,7 @@ def test_sigterm_to_one_process_and_its_simulator_processes_during_a_validation(
     finished = records(run / "evaluations" / f"update_{STOP_AT:06d}.interrupted.jsonl")
     assert all(r["failure"] is None for r in finished), finished
     handlers = {line.split(" ", 2)[2] for line in
-                (tmp_path / "resets.txt").read_text().splitlines()}
+                (tmp_path / "first_steps.txt").read_text().splitlines()}
     assert handlers == {repr(signal.SIG_IGN)}, handlers
     _resumes_as_if_never_stopped(run, Path(world_runs["ddp1"]), run_cli)
 
