@@ -198,6 +198,11 @@ class OptimizerConfig(Section):
     """SGD Nesterov momentum (needs `momentum` > 0)."""
     no_decay: list[Literal["bias", "norm"]] = []
     """Exempt biases and/or normalisation-layer parameters from weight decay."""
+    fused: bool = False
+    """torch's fused kernel for the step (`fused=True`: one kernel per device and dtype;
+    CPU and CUDA) instead of its default foreach arithmetic: fewer kernel launches on a
+    GPU, but other roundings, so a run is bitwise reproducible and resumes exactly only
+    with the setting it was trained with (changing it is refused on resume)."""
 
     @model_validator(mode="after")
     def _options_fit_the_optimizer(self) -> OptimizerConfig:

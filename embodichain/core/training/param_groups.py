@@ -101,6 +101,8 @@ def build_optimizer(groups: list[dict[str, Any]], config: OptimizerConfig
                     ) -> torch.optim.Optimizer:
     """The recipe's optimizer over `groups`, with only the hyper-parameters it sets."""
     options: dict[str, Any] = {"lr": config.lr}
+    if config.fused:  # absent otherwise: torch's default choice, as before the option
+        options["fused"] = True
     if config.name in ("adam", "adamw"):
         if config.betas is not None:
             options["betas"] = tuple(config.betas)

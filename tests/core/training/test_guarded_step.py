@@ -68,7 +68,9 @@ def assert_same(a, b, where: str) -> None:
     OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.1),
     OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, nesterov=True),
     OptimizerConfig(name="sgd", lr=0.05),
-], ids=["adam+clip", "adamw", "sgd-nesterov", "sgd"])
+    OptimizerConfig(name="adamw", lr=0.01, weight_decay=0.1, fused=True),
+    OptimizerConfig(name="sgd", lr=0.05, momentum=0.9, fused=True),
+], ids=["adam+clip", "adamw", "sgd-nesterov", "sgd", "adamw-fused", "sgd-fused"])
 def test_device_skip_equals_the_host_skip(config: OptimizerConfig) -> None:
     schedule = SchedulerConfig(name="cosine", end_lr=0.001, warmup_updates=2)
     learner = Learner(make_model(), config, schedule, len(PLAN), CPU, ema_decay=0.8)

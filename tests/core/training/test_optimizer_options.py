@@ -3,6 +3,7 @@ the schedule scaling each group, exact resume, and inspect-checkpoint showing th
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from torch import nn
 
 from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
+from embodichain.core.runs.config_compat import config_differences
 from embodichain.learning.sl import Learner, LossResult
 from tests.support import FACTORIES, assert_ok, run_cli, worker_env, write_recipe
 from tests.support.cli import cli_in_process
@@ -55,6 +57,55 @@ def test_hyper_parameters_reach_the_torch_optimizer() -> None:
                   None, 5, CPU)
     group = sgd.optimizer.param_groups[0]
     assert group["momentum"] == 0.9 and group["nesterov"] is True
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_a_fused_optimizer_resumes_exactly_within_itself(name: str) -> None:
+    """`optimizer.fused: true` (R-GPU-1's fused option): torch's fused kernel steps, and a
+    learner restored from update 3's state continues bitwise as the uninterrupted one.
+    Catches the option validated but never passed on (`fused` absent from the torch
+    group), and a restore that loses the fused optimizer's state (its step counts live on
+    the parameters' device, not the host)."""
+    extra = {"momentum": 0.9} if name == "sgd" else {"weight_decay": 0.1}
+    config = OptimizerConfig(name=name, lr=0.01, fused=True, **extra)
+    schedule = SchedulerConfig(name="cosine", end_lr=0.001, warmup_updates=2)
+    g = torch.Generator().manual_seed(4)
+    data = [{"x": torch.randn(8, 4, generator=g), "y": torch.randn(8, 2, generator=g)}
+            for _ in range(6)]
+    full = Learner(Net(), config, schedule, 6, CPU)
+    assert all(group["fused"] is True for group in full.optimizer.param_groups)
+    for i, batch in enumerate(data):
+        full.update(mse, batch)
+        if i == 2:
+            saved = copy.deepcopy(full.state_dict())
+    resumed = Learner(Net(), config, schedule, 6, CPU)
+    resumed.load_state_dict(saved)
+    for batch in data[3:]:
+        resumed.update(mse, batch)
+    full.settle(), resumed.settle()
+    for (key, a), b in zip(full.model.state_dict().items(),
+                           resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), key
+    for a, b in zip(full.optimizer.state_dict()["state"].values(),
+                    resumed.optimizer.state_dict()["state"].values(), strict=True):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    default = Learner(Net(), OptimizerConfig(name=name, lr=0.01, **extra), None, 6, CPU)
+    assert "fused" not in default.optimizer.defaults or not default.optimizer.defaults["fused"]
+    for learner in (full, resumed, default):
+        learner.release()
+
+
+def test_changing_fused_on_resume_is_refused() -> None:
+    """The fused kernel rounds otherwise than the default arithmetic: a run resumed with
+    the other setting would not continue the one it claims to. Catches `optimizer.fused`
+    listed among the changes a resume allows."""
+    saved = {"optimizer": {"name": "adam", "lr": 0.01, "fused": False}}
+    current = {"optimizer": {"name": "adam", "lr": 0.01, "fused": True}}
+    assert config_differences(saved, current, 3) == [
+        "optimizer.fused: checkpoint False, this run True"]
+    older = {"optimizer": {"name": "adam", "lr": 0.01}}  # written before the option existed
+    assert config_differences(older, {"optimizer": {"name": "adam", "lr": 0.01,
+                                                    "fused": False}}, 3) == []
 
 
 def test_no_decay_exempts_biases_and_norm_parameters() -> None:
@@ -194,6 +245,7 @@ def test_print_config_shows_every_new_key(tmp_path: Path) -> None:
     proc = run_cli("train-sl", "--config", str(recipe), "--print-config")
     assert_ok(proc)
     for key in ("grad_accumulation: 1", "ema: null", "precision: fp32", "compile: false",
-                "betas: null", "eps: null", "momentum: null", "nesterov: false", "no_decay: []"):
+                "betas: null", "eps: null", "momentum: null", "nesterov: false", "no_decay: []",
+                "fused: false"):
         assert key in proc.stdout, key
     assert not (tmp_path / "run").exists()
