@@ -224,7 +224,12 @@ def test_eval_and_export_need_only_the_checkpoint(bc_run: Path, artifacts: dict[
     try:
         assert_ok(run_cli("eval", checkpoint.name, "--out", str(tmp_path / "two"),
                           "--no-progress", "--nproc-per-node", "2", cwd=elsewhere))
-        assert outcomes(tmp_path / "two") == outcomes(tmp_path / "with_data")
+        # One process acts for both episodes in one batched forward, two workers for one
+        # each: the policy's float32 matmuls sum in another order for another batch size
+        # (1e-10 apart here), so the returns agree to a tight tolerance, the rest exactly.
+        two, one = outcomes(tmp_path / "two"), outcomes(tmp_path / "with_data")
+        assert [o[:3] + o[4:] for o in two] == [o[:3] + o[4:] for o in one]
+        assert [o[3] for o in two] == pytest.approx([o[3] for o in one], rel=1e-6, abs=1e-9)
         assert json.loads((tmp_path / "two" / "summary.json").read_text())["world_size"] == 2
         assert_ok(run_cli("export", checkpoint.name, "--policy", "p.onnx", cwd=elsewhere))
     finally:
