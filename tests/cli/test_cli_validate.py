@@ -112,7 +112,7 @@ def test_good_recipe_exits_0_and_prints_the_resolved_recipe(tmp_path: Path,
     assert resolved["optimizer"] == {"name": "adam", "lr": 0.001, "weight_decay": 0.0,
                                      "grad_clip": None, "betas": None, "eps": None,
                                      "momentum": None, "nesterov": False,
-                                     "no_decay": []}  # defaults filled in
+                                     "no_decay": [], "fused": False}  # defaults filled in
     assert resolved["model"] == {"hidden": 32}
     assert "valid" in result.stderr
     assert list(tmp_path.iterdir()) == []
