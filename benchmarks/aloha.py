@@ -267,6 +267,10 @@ def curve(run: Path) -> None:
               f"training {(elapsed - before) / 60:.1f} min wall, + {before / 60:.1f} min of "
               f"earlier evaluations; this evaluation {took / 60:.1f} min "
               f"({count} episodes, {count / took if took else 0:.2f} episodes/s)")
+        verdicts = {k.removeprefix("validation/").removesuffix("_rate"): v
+                    for k, v in r.items() if k.startswith("validation/") and
+                    k.endswith("_rate")}
+        print("    " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(verdicts.items())))
         before += took
 
 
