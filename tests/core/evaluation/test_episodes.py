@@ -10,9 +10,7 @@ fake process group whose collectives check that every rank is in the same one.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Sequence
-from multiprocessing import forkserver
 from typing import Any
 
 import numpy as np
@@ -23,7 +21,7 @@ from embodichain.core.evaluation.envs import EnvSpec, check_buildable
 from embodichain.core.evaluation.episodes import EpisodeRunner, Outcome, Plan
 from embodichain.core.evaluation.policy import default_success
 from embodichain.core.evaluation.records import EvaluationResult
-from embodichain.core.evaluation.slots import _context, make_slots
+from embodichain.core.evaluation.slots import make_slots
 from embodichain.core.evaluation.video import decode_frames
 from tests.support import FACTORIES
 
@@ -166,19 +164,13 @@ def test_the_wall_clock_limit_is_the_episodes_not_each_steps(vector: str) -> Non
     """Steps of 0.9 s under `episode_timeout_s: 1`, policy idle (the point never arrives):
     the episode fails on timeout at its second step, async cut off at 1 s. Catches the
     limit applied per step (each 0.9 s step is within it, the episode never times out)."""
-    check_buildable(EnvSpec(constructor=REACH))  # its module imported (torch) before the clock
-    if vector == "async":  # the fork server starts once per evaluating process, not per episode
-        _context()
-        forkserver.ensure_running()
-    started = time.perf_counter()
     found = run_episodes({"sleep_at": 100, "sleep_s": 0.9}, episodes=1, vector=vector,
                          timeout_s=1.0, max_steps=10, weight=0.0)
     record = found[0].record
+    # The episode's own record, not the test's clock (a loaded CI machine once took 9 s for
+    # this test): under a per-step limit it would run all ten steps and end on max_steps.
     assert record["failure"] is not None and record["failure"].startswith("timeout"), record
     assert record["length"] <= 2 and not record["success"]
-    # Not ten steps of 0.9 s (9 s and more); the slot's own process (forked from the running
-    # server, importing the environment's module) is inside the window.
-    assert time.perf_counter() - started < 8.0
 
 
 @pytest.mark.parametrize("vector", ["sync", "async"])
