@@ -20,7 +20,8 @@ frames per example (`--data`), and a run's `time/data_wait` share (`--run`). `gy
 the run's newest snapshot judged by its recipe's evaluation section twice, unchanged but
 for the environment: in ours and in gym-aloha's own registered one
 (`gym_aloha/Aloha*-v0`, `obs_type: pixels_agent_pos`, the section's step limit), episode
-by episode (success, return and length must agree). Needs
+by episode (success, return, length and every step's joints and actions must agree; ours
+ends an episode at success there, as gym-aloha's does). Needs
 `pip install 'embodichain-models[sim]'`; run with OMP_NUM_THREADS=1.
 """
 
@@ -198,7 +199,12 @@ def gym_aloha(run: Path, episodes: int) -> None:
     trained = trained_model(checkpoint)
     section = dict(trained.run["config"]["evaluation"])
     task = TASKS[trained.run["config"]["data"]["task"]]
-    ours = EvaluationConfig.model_validate(section)
+    # gym-aloha ends an episode at the top reward; the recipes run ours on to the limit for
+    # the strict verdict (terminate_on_success: false). Compared step by step, ours ends
+    # there too: the field's verdict, the return and the length are then gym-aloha's own.
+    ours = EvaluationConfig.model_validate({**section, "env": {
+        **section["env"], "kwargs": {**section["env"].get("kwargs", {}),
+                                     "terminate_on_success": True}}})
     env = {**section["env"], "id": task.gym_aloha_id, "import": "gym_aloha",
            "kwargs": {"obs_type": "pixels_agent_pos",
                       "max_episode_steps": section.get("max_steps", 400)}}
