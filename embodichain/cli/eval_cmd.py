@@ -142,9 +142,11 @@ def _print(found: Any, result: Any) -> None:
             for r in result.records]
     print_rows(console, f"episodes of update {found.step}",
                ["episode", "seed", "success", "return", "length", "end"], rows)
-    metrics = [[escape(k), f"{v:.6g}"] for k, v in result.metrics().items()]
-    print_rows(console, f"{found.checkpoint} (update {found.step})", ["metric", "value"],
-               metrics)
+    intervals = result.intervals()  # each success rate's Wilson 95% interval
+    metrics = [[escape(k), f"{v:.6g}", "{:.3f}-{:.3f}".format(*intervals[k])
+                if k in intervals else ""] for k, v in result.metrics().items()]
+    print_rows(console, f"{found.checkpoint} (update {found.step})",
+               ["metric", "value", "95% interval"], metrics)
     console.print(f"wrote {escape(found.out)}: summary.json, episodes.jsonl"
                   + (f", videos/ ({len(result.films)} films)" if result.films else ""))
 
