@@ -147,6 +147,12 @@ def _print(found: Any, result: Any) -> None:
                 if k in intervals else ""] for k, v in result.metrics().items()]
     print_rows(console, f"{found.checkpoint} (update {found.step})",
                ["metric", "value", "95% interval"], metrics)
+    seeds = [r["seed"] for r in result.records]
+    if seeds:
+        console.print(f"seeds {min(seeds)}..{max(seeds)}: " + (
+            "test seeds, which no validation touched" if result.seed_role == "test" else
+            "the validation seeds, which selected the checkpoint (not a test figure: set "
+            "evaluation.test_seed in the recipe, or pass --seed)"))
     console.print(f"wrote {escape(found.out)}: summary.json, episodes.jsonl"
                   + (f", videos/ ({len(result.films)} films)" if result.films else ""))
 

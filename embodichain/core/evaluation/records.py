@@ -44,6 +44,9 @@ class EvaluationResult:
     films: dict[int, bytes] = field(default_factory=dict, repr=False)
     fps: int = 30
     wall_s: float = 0.0
+    seed_role: str = "validation"
+    """`test` (seeds no validation touched) or `validation` (those that select best.pt:
+    what a validation inside training judges), as `eval` sets it (R-TRUST-2)."""
 
     @classmethod
     def merge(cls, per_rank: Iterable[Sequence[Outcome]], fps: int, wall_s: float
@@ -111,9 +114,13 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def summary(result: EvaluationResult, about: Mapping[str, Any]) -> dict[str, Any]:
-    """`embodichain eval`'s summary.json: what was evaluated, the metrics, and each success
-    rate's Wilson 95% interval (`intervals`: `{metric: [low, high]}`)."""
+    """`embodichain eval`'s summary.json: what was evaluated, on which seeds (`seeds`,
+    `seed_role`), the metrics, and each success rate's Wilson 95% interval (`intervals`:
+    `{metric: [low, high]}`)."""
+    seeds = [int(r["seed"]) for r in result.records]
     return {**about, "episodes": len(result.records),
+            "seeds": f"{min(seeds)}..{max(seeds)}" if seeds else "",
+            "seed_role": result.seed_role,
             "metrics": result.metrics(),
             "intervals": {k: [round(lo, 4), round(hi, 4)]
                           for k, (lo, hi) in result.intervals().items()},

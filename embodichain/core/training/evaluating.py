@@ -76,6 +76,9 @@ def check_acting(trainer: Evaluating, factory: str) -> None:
     c = closed_loop.config
     refuse_demonstration_seeds(c.seed, c.episodes, trainer.demonstration_seeds,
                                "evaluation.seed")
+    if c.test_seed is not None:  # the test seeds too (R-TRUST-2)
+        refuse_demonstration_seeds(c.test_seed, c.test_episodes or c.episodes,
+                                   trainer.demonstration_seeds, "evaluation.test_seed")
     ema = c.acting == "ema" and trainer.learner.ema is not None
     with acting_weights(trainer, ema) as model, preserved_rng(trainer.device), \
             torch.no_grad():

@@ -43,14 +43,15 @@ def _opens_right_early(left, right, objects):
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_the_recorded_demonstrations_finish_the_task(task: str) -> None:
-    """Catches demonstrations that teach dropping (R-ALOHA-2): ACT's hand-over replayed in
-    the joint-space scene, where the left finger touches the cube once (reward 4) and the
-    cube lies on the table at step 400; and an insertion whose peg left the pin before the
-    end (ACT's arms stop pressing at step 340). Also an expert that no longer reaches the top reward in the scene the
-    policy is judged in: a broken end-effector scene (MuJoCo 3's soft welds leave the
-    gripper's orientation loose), waypoints planned from the wrong objects, or targets
-    without the gripper commands substituted for the gripper joints. Each episode runs its
-    400 steps; the top reward and the task done at the last step are both asked for."""
+    """Catches demonstrations that teach dropping (R-ALOHA-2, R-TRUST-1): ACT's hand-over
+    replayed in the joint-space scene, where the left finger touches the cube once (reward
+    4) and the cube lies on the table at step 400; and an insertion whose peg left the pin
+    before the end (ACT's arms stop pressing at step 340). Also an expert that no longer
+    reaches the top reward in the scene the policy is judged in: a broken end-effector
+    scene (MuJoCo 3's soft welds leave the gripper's orientation loose), waypoints planned
+    from the wrong objects, or targets without the gripper commands substituted for the
+    gripper joints. Each episode runs its 400 steps; the top reward is asked for at the
+    last step."""
     recorder = Recorder(TASKS[task])
     for seed in (0, 1):
         demo = recorder.demonstrate(seed)
