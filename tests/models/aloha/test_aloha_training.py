@@ -40,8 +40,9 @@ def reference(demonstrations: Path, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.mark.slow  # torchrun workers and a simulator
 def test_two_ranks_train_and_judge_the_policy_closed_loop(reference: Path) -> None:
     """Catches a recipe whose validation never runs the policy in the MuJoCo scene, or
-    without the strict verdicts beside the field's, a best metric other than the success
-    rate maximised, and a loss not masked by action_is_pad
+    without the strict verdicts beside the field's, a best metric other than the strict
+    success rate maximised (the field's picks a checkpoint that touches the cube and drops
+    it), no best.pt, and a loss not masked by action_is_pad
     (the recorded weight is the number of real steps of the global batch)."""
     records = comparable_records(reference)
     final = [r for r in records if "validation/success_rate" in r][-1]
@@ -52,7 +53,9 @@ def test_two_ranks_train_and_judge_the_policy_closed_loop(reference: Path) -> No
                 (reference / f"evaluations/update_{UPDATES:06d}.jsonl").read_text().splitlines()]
     assert sorted(e["seed"] for e in episodes if "seed" in e) == [100000, 100001], episodes
     run = json.loads((reference / "run.json").read_text())
-    assert run["best"] == {**run["best"], "metric": "validation/success_rate", "mode": "max"}
+    assert run["best"] == {**run["best"], "metric": "validation/strict_success_rate",
+                           "mode": "max"}  # the strict verdict selects (R-TRUST-2)
+    assert (reference / "best.pt").is_file()
     assert all(0 < r["train/weight"] <= 8 * 10 for r in records if "train/weight" in r)
 
 
