@@ -168,7 +168,8 @@ def test_prepare_keeps_only_demonstrations_that_finish(tmp_path: Path,
     assert report["attempts"] == 3
     assert report["expert_success_rate"] == pytest.approx(2 / 3)
     assert report["expert_finish_rate"] == pytest.approx(1 / 3)
-    assert json.loads((root / INFO_FILE).read_text())["seeds"] == [5]
+    info = json.loads((root / INFO_FILE).read_text())
+    assert info["seeds"] == [5] and info["finish_rule"] == "top reward at the last step"
     frames = LeRobotFrames(root)
     assert [e.length for e in frames.episodes] == [400]
     last = frames.tables.columns["observation.environment_state"][-1]
