@@ -22,7 +22,8 @@ def evaluate(
     ] = None,
     seed: Annotated[int | None, typer.Option(
         "--seed", metavar="S", help="Evaluation seed: episode e is reset with S + e (default: "
-        "the recipe's evaluation.seed).")] = None,
+        "the recipe's evaluation.test_seed, else evaluation.seed); seeds overlapping the "
+        "validation seeds are refused.")] = None,
     videos: Annotated[int | None, typer.Option(
         "--videos", metavar="K", help="Film the first K episodes (default: the recipe's "
         "evaluation.videos).")] = None,
