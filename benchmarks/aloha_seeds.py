@@ -28,13 +28,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import REPO, bench_env, torchrun
+from common import bench_env, torchrun
 
-sys.path.insert(0, str(REPO))
-from embodichain.core.evaluation.intervals import (  # noqa: E402 - after the path
-    rate_with_interval,
-    successes_of,
-)
+from embodichain.core.evaluation.intervals import rate_with_interval, successes_of
 
 VERDICTS = {"field": "validation/success_rate", "strict": "validation/strict_success_rate",
             "field_300": "validation/success_300_rate",
