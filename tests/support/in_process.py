@@ -15,18 +15,19 @@ from tests.support.processes import CPU_RECIPE, FACTORIES, SCRIPTS
 
 
 def train_in_process(output_dir: Path, changes: Sequence[str], *,
-                     evaluation: dict[str, Any] | None = None,
+                     edit: Callable[[dict[str, Any]], None] | None = None,
                      before_fit: Callable[[Any], None] | None = None) -> list[Any]:
-    """Train sl_ddp's CPU recipe with `changes` (`key=value`, tests/factories and
-    tests/scripts importable) to `output_dir`; `before_fit(trainer)` runs once it is built.
+    """Train sl_ddp's CPU recipe, `edit(recipe)` applied to its YAML mapping, with
+    `changes` (`key=value`; tests/factories and tests/scripts importable) to `output_dir`;
+    `before_fit(trainer)` runs once the trainer is built.
     Returns every update's `UpdateResult`, in order (read after `fit`, when all settled)."""
     from embodichain.core.training.trainer import SupervisedTrainer
     from embodichain.learning.sl import build_trainer, distributed_run, load_recipe
 
     raw = yaml.safe_load(CPU_RECIPE.read_text())
     raw["trainer"]["output_dir"] = str(output_dir)
-    if evaluation is not None:
-        raw["evaluation"] = evaluation
+    if edit is not None:
+        edit(raw)
     results: list[Any] = []
     update = SupervisedTrainer._update
 
