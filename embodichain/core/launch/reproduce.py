@@ -14,6 +14,7 @@ stopped at N that `resume` continues to the end.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,13 @@ def train_reproduction(run_dir: Path, output: Path, through: int,
     with determinism.applied(recipe.config.trainer.deterministic), StopRequest() as stop, \
             process_group.distributed_run(recipe.config.device) as device:
         trainer = build_trainer(recipe, device)
-        # After the build: the schedule and the data order were made for the whole run.
+        # After the build, the schedule and the data order were made for the whole run:
+        # only the loop stops at `through`. The run records the recipe as it is (a copy,
+        # which `resume` continues to its end).
+        opener = trainer.run_opener
+        assert opener is not None
+        trainer.run_opener = dataclasses.replace(opener, recipe=dataclasses.replace(
+            recipe, config=recipe.config.model_copy(deep=True)))
         trainer.config.trainer.max_updates = min(through,
                                                  trainer.config.trainer.max_updates)
         trainer.fit(show_progress=show_progress, stop=stop)
