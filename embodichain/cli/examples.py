@@ -52,7 +52,7 @@ EXAMPLES: dict[str, list[str]] = {
     ],
     "reproduce": [
         "embodichain reproduce outputs/sl_ddp_cpu  # exit 0: bitwise identical, 1: differs",
-        "embodichain reproduce outputs/aloha_transfer_cube_camera --until 500 --output check",
+        "embodichain reproduce outputs/aloha_transfer_cube_camera --until 500 --output check_500",
     ],
     "runs": [
         "embodichain runs outputs",

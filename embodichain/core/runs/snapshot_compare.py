@@ -59,19 +59,23 @@ def compare_snapshots(original: Path, reproduction: Path, through: int,
 
 def _state(path: Path, data: Mapping[str, Any], identity_keys: Collection[str]
            ) -> dict[str, Any]:
-    """A verified checkpoint's training state: its payload without the run's identity, a
-    sharded manifest's bookkeeping replaced by each rank's shard (itself without identity)."""
-    from embodichain.core.checkpoint.sharded import is_sharded_checkpoint, read_shard, shard_table
+    """A verified checkpoint's training state: its payload without the run's identity, and
+    the parts kept beside it (a sharded manifest's shards: each rank's own state, without
+    identity) in place of the table that names them."""
+    from embodichain.core.checkpoint.formats import format_of
 
+    fmt = format_of(data)
     payload = data["payload"]
-    state = {k: v for k, v in payload.items() if k not in ("run", "sharded")}
+    bookkeeping = set(fmt.parts_view(data)["payload"])  # the parts' table, with the run
+    state = {k: v for k, v in payload.items() if k not in bookkeeping | {"run"}}
     state["run"] = _run_state(payload["run"], identity_keys)
-    if is_sharded_checkpoint(data):
-        state["shards"] = {}
-        for rank in sorted(shard_table(data)):
-            shard = read_shard(path.parent, data, rank)["payload"]
-            state["shards"][rank] = {k: (_run_state(v, identity_keys) if k == "run" else v)
-                                     for k, v in shard.items()}
+    parts = fmt.parts(data)
+    if parts:
+        state["parts"] = {}
+        for part in sorted(parts):
+            own = fmt.read_part(path.parent, data, part)
+            state["parts"][part] = {k: (_run_state(v, identity_keys) if k == "run" else v)
+                                    for k, v in own.items()}
     return state
 
 
