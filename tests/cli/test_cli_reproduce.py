@@ -170,3 +170,14 @@ def test_a_changed_dataset_file_is_named(tmp_path: Path) -> None:
     assert "differs: first difference at update 1: metric train/loss" in proc.stdout
     assert "dataset identity: lerobot-v3.0:3 episodes" in proc.stdout
     assert f"changed files: {TABLE})" in proc.stdout
+
+
+def test_a_run_resumed_for_more_updates_reproduces_from_scratch(resumed_at_100: Path,
+                                                                 tmp_path: Path) -> None:
+    """Catches a reproduction that trains only the recipe's first trainer.max_updates (100)
+    of a run a resume extended to 200, and a report silent about that resume."""
+    proc = _reproduce(str(resumed_at_100 / "run"), "--output", str(tmp_path / "again"))
+    assert_ok(proc)
+    assert "bitwise identical through update 200" in proc.stdout
+    assert ("note: the original was resumed at update 100 with trainer.max_updates 200 "
+            "(until then 100)") in proc.stdout

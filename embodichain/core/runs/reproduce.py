@@ -21,7 +21,13 @@ from embodichain.core.checkpoint.manifest import read_manifest
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import RefusedError, UsageError
 from embodichain.core.runs.elastic import without_derived_keys
-from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
+from embodichain.core.runs.run_dir import (
+    METRICS,
+    RUN_JSON,
+    planned_updates,
+    read_metrics,
+    read_run_json,
+)
 
 # Metrics that no two runs share, bitwise identical or not: what a clock measured, all under
 # `time/` (time/updates_per_s, time/elapsed_s, time/examples_per_s, time/data_wait,
@@ -69,7 +75,7 @@ def plan(run_dir: Path, output: Path | None, until: int | None, *, check_output:
     if record is None or not isinstance(record.get("config"), dict):
         raise RefusedError(f"{run_dir} holds no {RUN_JSON} with a recipe: it is not a run "
                            "that can be reproduced")
-    world_size = record.get("world_size")
+    world_size = started_on(record)
     if not isinstance(world_size, int) or world_size < 1:
         raise RefusedError(f"{run_dir / RUN_JSON} records no world size ({world_size!r})")
     output = output if output is not None else default_output(run_dir)
@@ -87,9 +93,19 @@ def plan(run_dir: Path, output: Path | None, until: int | None, *, check_output:
         raise RefusedError(f"--until {until}: the run in {run_dir} reached update {reached} "
                            f"only; give --until {reached} or less")
     config = without_derived_keys(record["config"])
-    config["trainer"] = {**config["trainer"], "output_dir": str(output)}
+    config["trainer"] = {**config["trainer"], "output_dir": str(output),
+                         "max_updates": planned_updates(record) or reached}
     return Plan(run_dir, output, world_size, until or reached, config,
                 f"{run_dir / RUN_JSON} (stored recipe)", tuple(history_notes(record)))
+
+
+def started_on(record: Mapping[str, Any]) -> Any:
+    """The world size the run started on (run.json's `world_size` is the latest: a run
+    continued on another number of workers records each change)."""
+    changes = record.get("world_size_changes")
+    if isinstance(changes, list) and changes and isinstance(changes[0], Mapping):
+        return changes[0].get("from")
+    return record.get("world_size")
 
 
 def reached_update(run_dir: Path) -> int:
@@ -114,18 +130,21 @@ def history_notes(record: Mapping[str, Any]) -> list[str]:
     changed the recipe's length or world size (a schedule spanning `trainer.max_updates`
     then changed at that update)."""
     notes = []
-    first = (record.get("config") or {}).get("trainer", {}).get("max_updates")
+    now = (record.get("config") or {}).get("trainer", {}).get("max_updates")
+    final = planned_updates(record)
     for event in record.get("events") or []:
         if not isinstance(event, Mapping) or event.get("event") != "resumed":
             continue
-        if isinstance(event.get("max_updates"), int) and event["max_updates"] != first:
+        if isinstance(event.get("max_updates"), int) and event["max_updates"] != now:
             notes.append(f"the original was resumed at update {event.get('step')} with "
-                         f"trainer.max_updates {event['max_updates']} (it started with "
-                         f"{first}); the reproduction trains with {first} throughout")
-        change = event.get("world_size_change")
+                         f"trainer.max_updates {event['max_updates']} (until then "
+                         f"{now}); the reproduction trains with {final} throughout")
+            now = event["max_updates"]
+    for change in record.get("world_size_changes") or []:
         if isinstance(change, Mapping):
             notes.append(f"the original continued at update {change.get('at_update')} on "
-                         f"{change.get('to')} workers (it started on {change.get('from')})")
+                         f"{change.get('to')} workers (from {change.get('from')}); the "
+                         "reproduction runs on the world size it started on throughout")
     return notes
 
 
