@@ -70,14 +70,19 @@ def test_until_trains_a_prefix_of_the_same_run(short_run: Path, tmp_path: Path) 
 
 def test_a_recorded_torch_version_that_differs_is_named(short_run: Path, copy_run,
                                                        tmp_path: Path) -> None:
-    """Catches an environment comparison that ignores the versions the run recorded."""
+    """Catches an environment comparison that ignores the versions or the device the run
+    recorded (the same history: only the record of the environment differs, exit 0)."""
     run = copy_run(short_run)
     record = json.loads((run / "run.json").read_text())
+    assert record["environment"]["device"] == "cpu"
     record["versions"]["torch"] = "2.0.1"
+    record["environment"]["device"] = "cuda: NVIDIA H100 80GB HBM3"
     (run / "run.json").write_text(json.dumps(record))
     proc = _reproduce(str(run), "--output", str(tmp_path / "again"))
-    assert_ok(proc)  # the same history: only the record of the environment differs
+    assert_ok(proc)
+    assert "bitwise identical through update 6" in proc.stdout
     assert f"torch: 2.0.1 in the original, {torch.__version__} now" in proc.stdout
+    assert "device: cuda: NVIDIA H100 80GB HBM3 in the original, cpu now" in proc.stdout
 
 
 def test_a_changed_metric_is_named_with_its_update(short_run: Path, copy_run,
