@@ -186,3 +186,14 @@ def test_a_run_resumed_for_more_updates_reproduces_from_scratch(resumed_at_100: 
     assert "bitwise identical through update 200" in proc.stdout
     assert ("note: the original was resumed at update 100 with trainer.max_updates 200 "
             "(until then 100)") in proc.stdout
+
+
+def test_until_before_anything_recorded_is_refused(sl_ddp_one_process: Path,
+                                                   tmp_path: Path) -> None:
+    """Catches a verdict on nothing: the example logs every 10 updates and saves at 100, so
+    its first 5 updates leave nothing to compare; refused before training (exit 2)."""
+    proc = _reproduce(str(sl_ddp_one_process), "--until", "5", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no metrics and saved no snapshot up to that update (the first at update 10)" \
+        in proc.stderr
+    assert not (tmp_path / "o").exists()

@@ -43,6 +43,9 @@ def prepare(run_dir: Path, output: Path | None, until: int | None) -> Plan:
     if under_foreign_launcher():
         raise UsageError("reproduce starts the run's workers itself (as many as the run "
                          "had); run it as `embodichain reproduce RUN_DIR`, not under torchrun")
+    from embodichain.core.runs.run_lock import refuse_if_locked
+
+    refuse_if_locked(run_dir)  # a live run's record is still growing: nothing to check yet
     plan = record.plan(run_dir, output, until)
     _load(plan, plan.world_size)
     return plan
@@ -104,17 +107,20 @@ def compare(plan: Plan) -> Verdict:
              f"worker{'s' if plan.world_size > 1 else ''}, updates 1-{plan.through})"]
     differences = sorted((d for d in (metrics.difference, snapshots.difference)
                           if d is not None), key=lambda d: d.update)
-    if not differences and metrics.records == 0:
-        differences = [record.Difference(plan.through, "records",
-                                         "neither run logged a record to compare")]
+    if not differences and not metrics.records and not snapshots.names:
+        # e.g. the original's only snapshot came from a time-based save (save_every_s)
+        differences = [record.Difference(plan.through, "nothing",
+                                         "the two runs recorded nothing at the same update")]
     if differences:
         lines.append(f"differs: {differences[0].sentence()}")
         lines += [f"  also: {d.sentence()}" for d in differences[1:]]
-    else:
-        saved = ", ".join(snapshots.names) or "none saved at the same update by both"
-        lines.append(f"bitwise identical through update {plan.through}: {metrics.records} "
-                     f"metrics records (all but time/*) and the snapshots {saved} "
-                     f"({snapshots.tensors} tensors in all, and every other value of their state)")
+    else:  # through the last update the original recorded something at (plan: one at least)
+        through = max(metrics.last_step, snapshots.last_step)
+        saved = (f"the snapshots {', '.join(snapshots.names)} ({snapshots.tensors} tensors "
+                 "in all, and every other value of their state)" if snapshots.names
+                 else "no snapshot (none saved at the same update by both)")
+        lines.append(f"bitwise identical through update {through}: {metrics.records} "
+                     f"metrics records (all but time/*) and {saved}")
     if environment:
         lines.append("the recorded environments differ:")
         lines += [f"  {line}" for line in environment]

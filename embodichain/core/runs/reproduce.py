@@ -57,6 +57,8 @@ class Plan:
 
 def default_output(run_dir: Path) -> Path:
     """`RUN_DIR-reproduce-N`, the first N for which nothing exists yet."""
+    if run_dir.name in ("", ".."):  # `reproduce .`: named after the directory itself
+        run_dir = run_dir.resolve()
     n = 1
     while (candidate := run_dir.with_name(f"{run_dir.name}-reproduce-{n}")).exists():
         n += 1
@@ -83,15 +85,20 @@ def plan(run_dir: Path, output: Path | None, until: int | None, *, check_output:
         raise RefusedError(f"--output {output} exists: the reproduction trains into a new "
                            "directory and never writes into one that exists. Name another "
                            "one. Nothing was changed.")
-    reached = reached_update(run_dir)
-    if reached == 0:
+    recorded = recorded_updates(run_dir)
+    if not recorded:
         raise RefusedError(f"{run_dir} recorded no update (no metrics and no snapshot): "
                            "there is nothing to compare with")
+    reached = max(recorded)
     if until is not None and until < 1:
         raise UsageError(f"--until: expected a positive update, got {until}")
     if until is not None and until > reached:
         raise RefusedError(f"--until {until}: the run in {run_dir} reached update {reached} "
                            f"only; give --until {reached} or less")
+    if until is not None and until < min(recorded):
+        raise RefusedError(f"--until {until}: the run in {run_dir} logged no metrics and "
+                           f"saved no snapshot up to that update (the first at update "
+                           f"{min(recorded)}): there would be nothing to compare")
     config = without_derived_keys(record["config"])
     config["trainer"] = {**config["trainer"], "output_dir": str(output),
                          "max_updates": planned_updates(record) or reached}
@@ -108,11 +115,11 @@ def started_on(record: Mapping[str, Any]) -> Any:
     return record.get("world_size")
 
 
-def reached_update(run_dir: Path) -> int:
-    """The last update the original recorded: its newest metrics record or snapshot."""
-    steps = [s for s in (read_metrics(run_dir / METRICS).last_step,
-                         *snapshot_steps(run_dir)) if isinstance(s, int)]
-    return max(steps, default=0)
+def recorded_updates(run_dir: Path) -> set[int]:
+    """The updates the original logged metrics or saved a snapshot at."""
+    steps = {r["step"] for r in read_metrics(run_dir / METRICS).records
+             if isinstance(r.get("step"), int)}
+    return steps | set(snapshot_steps(run_dir))
 
 
 def snapshot_steps(run_dir: Path) -> dict[int, Path]:
@@ -167,6 +174,7 @@ class Difference:
 class MetricsCompared:
     records: int
     difference: Difference | None
+    last_step: int = 0  # the last update whose records were compared
 
 
 def compare_metrics(original: Path, reproduction: Path, through: int) -> MetricsCompared:
@@ -199,7 +207,7 @@ def compare_metrics(original: Path, reproduction: Path, through: int) -> Metrics
         return MetricsCompared(0, Difference(extra["step"], "records",
                                              f"only the {name} logged a record at update "
                                              f"{extra['step']} ({', '.join(list(extra)[:4])})"))
-    return MetricsCompared(len(mine), None)
+    return MetricsCompared(len(mine), None, max((r["step"] for r in mine), default=0))
 
 
 def _same_bits(a: Any, b: Any) -> bool:

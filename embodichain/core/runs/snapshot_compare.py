@@ -32,6 +32,7 @@ class SnapshotsCompared:
     names: tuple[str, ...]  # the original's files compared, by update
     tensors: int  # tensors compared in each run
     difference: Difference | None
+    last_step: int = 0  # the last update whose snapshots were compared
 
 
 def compare_snapshots(original: Path, reproduction: Path, through: int,
@@ -41,10 +42,11 @@ def compare_snapshots(original: Path, reproduction: Path, through: int,
 
     mine, theirs = snapshot_steps(original), snapshot_steps(reproduction)
     names: list[str] = []
-    tensors = 0
+    tensors = last = 0
     for step in sorted(set(mine) & set(theirs)):
         if step > through:
             break
+        last = step
         a = dict(leaves(_state(mine[step], read_checkpoint(mine[step]), identity_keys)))
         b = dict(leaves(_state(theirs[step], read_checkpoint(theirs[step]), identity_keys)))
         names.append(mine[step].name)
@@ -54,7 +56,7 @@ def compare_snapshots(original: Path, reproduction: Path, through: int,
             what, detail = difference
             return SnapshotsCompared(tuple(names), tensors, Difference(
                 step, what, f"{detail} ({mine[step].name} vs {theirs[step].name})"))
-    return SnapshotsCompared(tuple(names), tensors, None)
+    return SnapshotsCompared(tuple(names), tensors, None, last)
 
 
 def _state(path: Path, data: Mapping[str, Any], identity_keys: Collection[str]
