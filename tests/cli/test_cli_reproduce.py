@@ -20,14 +20,16 @@ import yaml
 
 from tests.support import assert_ok, factories_env, run_cli, write_recipe
 
+# A cosine schedule: it spans trainer.max_updates, so a shorter recipe changes every update.
 SHORT = {"trainer.max_updates": 6, "trainer.save_every": 3, "trainer.validate_every": 3,
-         "trainer.log_every": 1}
+         "trainer.log_every": 1, "scheduler.name": "cosine", "scheduler.end_lr": 0.0001}
 TABLE = "data/chunk-000/file-000.parquet"
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The CPU example trained for 6 updates in one process (read-only)."""
+    """The CPU example with a cosine schedule, trained for 6 updates in one process
+    (read-only)."""
     root = tmp_path_factory.mktemp("reproduce")
     recipe = write_recipe(root / "r.yaml", root / "run", **SHORT)
     assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
@@ -55,8 +57,9 @@ def test_a_short_run_reproduces_bitwise(short_run: Path, tmp_path: Path) -> None
 
 
 def test_until_trains_a_prefix_of_the_same_run(short_run: Path, tmp_path: Path) -> None:
-    """Catches --until that shortens the recipe itself (a schedule over max_updates would
-    change every update), and one that trains or compares past N."""
+    """Catches --until that shortens the recipe itself (its cosine schedule would then
+    reach other learning rates from the first update on), and one that trains or compares
+    past N."""
     out = tmp_path / "prefix"
     proc = _reproduce(str(short_run), "--until", "4", "--output", str(out))
     assert_ok(proc)
