@@ -54,6 +54,9 @@ def test_a_short_run_reproduces_bitwise(short_run: Path, tmp_path: Path) -> None
     assert again["run_id"] != original["run_id"] and again["world_size"] == 1
     assert again["config"]["trainer"]["output_dir"] == str(out)
     assert "the recorded environments are the same" in proc.stdout
+    event = again["events"][-1]
+    assert (event["event"], event["run_id"], event["through"], event["identical"]) == (
+        "reproduced", original["run_id"], 6, True)
 
 
 def test_until_trains_a_prefix_of_the_same_run(short_run: Path, tmp_path: Path) -> None:

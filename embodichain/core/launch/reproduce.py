@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from embodichain.core.runs import reproduce as record
 from embodichain.core.runs.commands import SELF_LAUNCHED
@@ -128,4 +130,17 @@ def compare(plan: Plan) -> Verdict:
         lines.append("the recorded environments are the same: "
                      + record.environment_summary(reproduction))
     lines += [f"note: {note}" for note in plan.notes]
-    return Verdict(1 if differences else 0, lines)
+    verdict = Verdict(1 if differences else 0, lines)
+    _record(plan, original, verdict)
+    return verdict
+
+
+def _record(plan: Plan, original: Mapping[str, Any], verdict: Verdict) -> None:
+    """The reproduction's run.json says which run it reproduced, through which update, and
+    the verdict (its first line)."""
+    from embodichain.core.runs.run_dir import now_iso, update_run_json
+
+    event = {"event": "reproduced", "at": now_iso(), "of": str(plan.run_dir),
+             "run_id": original.get("run_id"), "through": plan.through,
+             "identical": verdict.exit_code == 0, "verdict": verdict.lines[1]}
+    update_run_json(plan.output, lambda data: data.setdefault("events", []).append(event))
