@@ -203,3 +203,23 @@ def test_until_before_anything_recorded_is_refused(sl_ddp_one_process: Path,
     assert "no metrics and saved no snapshot up to that update (the first at update 10)" \
         in proc.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sharded_run_is_compared_shard_by_shard(tmp_path: Path) -> None:
+    """Catches a comparison of a sharded checkpoint's manifest alone (it holds no model
+    tensor): each rank's shard is read and its tensors compared."""
+    from embodichain.core.checkpoint.file import read_checkpoint
+    from embodichain.core.runs.snapshot_compare import leaves, training_state
+
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
+        **SHORT, "trainer.max_updates": 3, "trainer.strategy": "fsdp"})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--nproc-per-node", "2",
+                      "--no-progress"))
+    proc = _reproduce(str(tmp_path / "run"), "--output", str(tmp_path / "again"))
+    assert_ok(proc)
+    assert "bitwise identical through update 3" in proc.stdout and "step_3.pt" in proc.stdout
+    manifest = tmp_path / "run" / "step_3.pt"
+    state = dict(leaves(training_state(manifest, read_checkpoint(manifest), set())))
+    for rank in (0, 1):
+        assert any(path.startswith(f"parts.{rank}.") and leaf.kind.startswith("tensor")
+                   for path, leaf in state.items()), sorted(state)

@@ -47,8 +47,8 @@ def compare_snapshots(original: Path, reproduction: Path, through: int,
         if step > through:
             break
         last = step
-        a = dict(leaves(_state(mine[step], read_checkpoint(mine[step]), identity_keys)))
-        b = dict(leaves(_state(theirs[step], read_checkpoint(theirs[step]), identity_keys)))
+        a, b = (dict(leaves(training_state(path, read_checkpoint(path), identity_keys)))
+                for path in (mine[step], theirs[step]))
         names.append(mine[step].name)
         tensors += sum(1 for leaf in a.values() if leaf.kind.startswith("tensor"))
         difference = first_difference(a, b)
@@ -59,7 +59,7 @@ def compare_snapshots(original: Path, reproduction: Path, through: int,
     return SnapshotsCompared(tuple(names), tensors, None, last)
 
 
-def _state(path: Path, data: Mapping[str, Any], identity_keys: Collection[str]
+def training_state(path: Path, data: Mapping[str, Any], identity_keys: Collection[str]
            ) -> dict[str, Any]:
     """A verified checkpoint's training state: its payload without the run's identity, and
     the parts kept beside it (a sharded manifest's shards: each rank's own state, without
