@@ -19,6 +19,7 @@ from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
+from embodichain.core.observe.measured import is_measured
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
@@ -39,6 +40,7 @@ from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 from embodichain.core.training.validating import Validation, validation_setup
+from embodichain.core.training.watching import UpdateWatch
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -116,6 +118,7 @@ class SupervisedTrainer:
         # a stop skipped or cut short, runs first when the run goes on (R-EVAL-4).
         self.validation = Validation(self, self._record)
         self.figures = UpdateFigures(self, self._record)  # what an update's figures ask for
+        self.watch = UpdateWatch(t, device)  # profile, time split, memory (R-OPS-2, R-OPS-3)
         self.validation_due = False
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
@@ -151,12 +154,15 @@ class SupervisedTrainer:
         progress, pace = self._begin(show_progress, run.directory, rank_zero)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         self.checkpoints.clock.restart()
+        self.watch.begin(run.directory, self.step)
         try:
             if self.validation_due:  # one a stop cut short or skipped: first (R-EVAL-4)
                 stopping = self.validation(progress, stop)
             while self.step < t.max_updates and not stopping and not self.stops_early:
+                self.watch.before(self.step + 1)
                 result = self._update(stop)
                 self.step += 1
+                self.watch.after(self.step)
                 # The last update's figures, on the host by now (R-GPU-1).
                 stopping, save_due = self.figures.act_on_lagged(self.step - 1, pace)
                 if not (stopping or save_due or self.figures.read_at_once(self.step)):
@@ -181,6 +187,8 @@ class SupervisedTrainer:
         except DataFailure as exc:  # the data layer says what failed; we add where to go on
             self.checkpoints.settle()  # a snapshot in flight is the newest: it is named
             raise TrainingError(f"{exc}; {where_to_continue(run.directory)}") from None
+        except torch.OutOfMemoryError as exc:  # the figures and the knobs (R-OPS-3)
+            raise self.watch.out_of_memory(exc, self.step, run.directory) from exc
         except Exception as exc:
             if not peer_gone(exc, stop, process_group.is_distributed()):
                 raise
@@ -188,6 +196,7 @@ class SupervisedTrainer:
                                            run.directory, process_group.world_size(),
                                            exc) from exc
         finally:
+            self.watch.end(self.step)
             progress.close()
             self.checkpoints.settle()  # every exit path waits for the save in flight
         self._end(stopping, run.directory, rank_zero)
@@ -255,11 +264,15 @@ class SupervisedTrainer:
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
             batches = TimedLoads(self.loader.next_update())
             before = time.perf_counter() - started
-            return self.learner.update(self.objective, batches,
-                                       stop=stop.flag if stop is not None else 0.0,
-                                       rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=lambda: before + batches.seconds,
-                                       part_counts=counts)
+            self.watch.split.begin()
+            result = self.learner.update(self.objective, batches,
+                                         stop=stop.flag if stop is not None else 0.0,
+                                         rank_zero_note=self.checkpoints.rank_zero_note(),
+                                         data_wait=lambda: before + batches.seconds,
+                                         part_counts=counts,
+                                         backward_done=self.watch.split.backward_done)
+            self.watch.split.end(before + batches.seconds, batches.seconds)
+            return result
 
     @property
     def stops_early(self) -> bool:
@@ -269,7 +282,7 @@ class SupervisedTrainer:
 
     def _record(self, values: Mapping[str, Any], step: int | None = None) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
-        self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
+        self.last_metrics.update({k: v for k, v in values.items() if not is_measured(k)})
         run = require_run(self)
         if run.metrics is not None:
             run.metrics.write({"step": self.step if step is None else step, **values})
