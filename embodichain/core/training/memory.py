@@ -41,12 +41,12 @@ def out_of_memory_message(error: BaseException, device: torch.device, step: int,
                           snapshot: Path | None = None) -> str:
     """One message for a CUDA out-of-memory error at update `step`: this rank's peak, the
     device's total and the knobs that lower it."""
-    peak = total = None
     if device.type == "cuda" and torch.cuda.is_available():
-        peak = torch.cuda.max_memory_allocated(device)
         total = torch.cuda.get_device_properties(device).total_memory
-    figures = (f"peak {peak / _GIB:.2f} GiB allocated of the device's {total / _GIB:.2f} GiB"
-               if peak is not None and total is not None else "no CUDA figures")
+        figures = (f"peak {peak_bytes(device) / _GIB:.2f} GiB allocated of the device's "
+                   f"{total / _GIB:.2f} GiB")
+    else:
+        figures = f"peak {peak_bytes(device) / _GIB:.2f} GiB resident"
     first_line = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
     return (f"out of memory on {device} in update {step + 1} ({figures}): {first_line}. "
             "To need less: a smaller trainer.batch_size under the same "
@@ -55,7 +55,8 @@ def out_of_memory_message(error: BaseException, device: torch.device, step: int,
             "repeated blocks"
             + (f"; the allocator's snapshot is {snapshot} (open it at "
                "pytorch.org/memory_viz)" if snapshot is not None
-               else "; trainer.memory_snapshot: true writes the allocator's snapshot"))
+               else "; trainer.memory_snapshot: true writes the allocator's snapshot"
+               if device.type == "cuda" else ""))
 
 
 def start_recording(device: torch.device, wanted: bool) -> bool:
