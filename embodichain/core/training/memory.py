@@ -68,7 +68,7 @@ def start_recording(device: torch.device, wanted: bool) -> bool:
         log.warning("trainer.memory_snapshot: torch's allocator snapshot exists for CUDA "
                     "only; training on %s writes none (memory/peak is still logged)", device)
         return False
-    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    torch.cuda.memory._record_memory_history(max_entries=100_000, device=device)
     return True
 
 

@@ -154,15 +154,12 @@ class SupervisedTrainer:
         progress, pace = self._begin(show_progress, run.directory, rank_zero)
         saved_at, stopping = None, None  # stopping: the stop signal all ranks agreed on
         self.checkpoints.clock.restart()
-        self.watch.begin(run.directory, self.step)
         try:
             if self.validation_due:  # one a stop cut short or skipped: first (R-EVAL-4)
                 stopping = self.validation(progress, stop)
             while self.step < t.max_updates and not stopping and not self.stops_early:
-                self.watch.before(self.step + 1)
                 result = self._update(stop)
                 self.step += 1
-                self.watch.after(self.step)
                 # The last update's figures, on the host by now (R-GPU-1).
                 stopping, save_due = self.figures.act_on_lagged(self.step - 1, pace)
                 if not (stopping or save_due or self.figures.read_at_once(self.step)):
@@ -187,8 +184,6 @@ class SupervisedTrainer:
         except DataFailure as exc:  # the data layer says what failed; we add where to go on
             self.checkpoints.settle()  # a snapshot in flight is the newest: it is named
             raise TrainingError(f"{exc}; {where_to_continue(run.directory)}") from None
-        except torch.OutOfMemoryError as exc:  # the figures and the knobs (R-OPS-3)
-            raise self.watch.out_of_memory(exc, self.step, run.directory) from exc
         except Exception as exc:
             if not peer_gone(exc, stop, process_group.is_distributed()):
                 raise
@@ -211,6 +206,7 @@ class SupervisedTrainer:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
         self.figures.lagged = None
+        self.watch.begin(directory, self.step)  # the profile's window, the snapshot
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -259,7 +255,9 @@ class SupervisedTrainer:
         its data ride its all-reduce. The wait counts the update's loading wherever it
         happens: before the update, and each micro-batch read as the learner reaches it
         (under G one micro-batch is loaded at a time, inside the update)."""
-        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
+        # The profile's window and an out-of-memory error's message (R-OPS-2, R-OPS-3).
+        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"), \
+                self.watch.update(self.step + 1, self.run_directory):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
             batches = TimedLoads(self.loader.next_update())

@@ -1,10 +1,12 @@
 """What the trainer keeps an eye on besides the figures: the profile window (R-OPS-2), the
 time split of each update (R-OPS-2), the allocator's history and the out-of-memory message
-(R-OPS-3). One object, so that the loop calls it at three points: before an update, after
-it, and at the end."""
+(R-OPS-3). One object, so that the loop calls it at three points: when it begins, around
+each update, and at its end."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,11 +40,16 @@ class UpdateWatch:
         self.profiler = UpdateProfiler(self.config.profile, directory, self.device,
                                        process_group.rank(), first_step, self.recording)
 
-    def before(self, update: int) -> None:
+    @contextlib.contextmanager
+    def update(self, update: int, directory: Path) -> Iterator[None]:
+        """Around update `update` (1-based): the profile's span, its window's start and end,
+        and an out-of-memory error turned into its message."""
         if self.profiler is not None:
             self.profiler.before(update)
-
-    def after(self, update: int) -> None:
+        try:
+            yield
+        except torch.OutOfMemoryError as exc:
+            raise self.out_of_memory(exc, update - 1, directory) from exc
         if self.profiler is not None:
             self.profiler.after(update)
 
