@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from embodichain.core.observe.report import RunCurves, build_figure
+from embodichain.core.observe.time_split_plot import draw_time_split
 from embodichain.core.runs.run_dir import read_metrics
 from embodichain.core.training import memory, time_split
 from tests.support import (
@@ -172,8 +173,8 @@ def test_the_split_counts_loads_inside_the_update_once(monkeypatch: pytest.Monke
 
 
 def test_report_stacks_the_split_at_each_logged_update() -> None:
-    """Catches phases drawn side by side or over each other instead of stacked, and a run
-    without the split given an empty panel."""
+    """Catches phases drawn side by side or over each other instead of stacked, a run
+    without the split given an empty panel, and a long run drawn as thousands of slivers."""
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
 
@@ -188,6 +189,13 @@ def test_report_stacks_the_split_at_each_logged_update() -> None:
     bars = [p for p in panels["a: seconds per update"].patches if p.get_gid() == "other"]
     assert [round(b.get_y(), 6) for b in bars] == [0.6, 0.6]  # on top of the other three
     assert [round(b.get_height(), 6) for b in bars] == [0.4, 0.4]
+    plt.close(fig)
+    long = RunCurves(Path("c"), "c", {}, [{"step": s, **split, "time/split/other": s % 2}
+                                          for s in range(1, 1001)])
+    fig, ax = plt.subplots()
+    draw_time_split(ax, long, most=100)  # ten lines a bar, their mean
+    bars = [p for p in ax.patches if p.get_gid() == "other"]
+    assert len(bars) == 100 and {round(b.get_height(), 6) for b in bars} == {0.5}
     plt.close(fig)
 
 
