@@ -1,6 +1,7 @@
-"""The sl_ddp recipe whose objective raises torch's out-of-memory error at update
-EMBODICHAIN_TEST_OOM_AT (as CUDA's allocator does when a batch does not fit), so that the
-message a user gets is tested on the CPU. Without the variable it trains like `sl_ddp`."""
+"""The sl_ddp recipe whose objective runs out of memory at update EMBODICHAIN_TEST_OOM_AT:
+on CUDA it asks the allocator for twice the device; on the CPU it raises torch's error as
+CUDA's allocator would, so that the message a user gets is tested there too. Without the
+variable it trains like `sl_ddp`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ def build_supervised_trainer(config, device):
     objective = trainer.objective
 
     def exhausting(model, batch):
+        if at and trainer.step + 1 == at and device.type == "cuda":  # the allocator's own
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.empty(2 * total, dtype=torch.uint8, device=device)
         if at and trainer.step + 1 == at:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. "
                                          "GPU 0 has a total capacity of 79.19 GiB")

@@ -38,7 +38,7 @@ class TimeSplit:
     """The marks of each update and their sums between two log lines."""
 
     def __init__(self, device: torch.device) -> None:
-        self._cuda = device.type == "cuda"
+        self._cuda, self._device = device.type == "cuda", device
         self._since = time.perf_counter()
         self._started = 0  # updates begun since the last line
         self._pending: list[_Update] = []
@@ -48,7 +48,7 @@ class TimeSplit:
         if not self._cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self._device))  # where the update runs
         return event
 
     def begin(self) -> None:
