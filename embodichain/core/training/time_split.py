@@ -44,6 +44,10 @@ class TimeSplit:
         self._pending: list[_Update] = []
         self._marks: list[Any] = []
 
+    def restart(self) -> None:
+        """A fit begins: the first line's wall time starts here, not at the trainer's build."""
+        self._since, self._started, self._pending = time.perf_counter(), 0, []
+
     def _mark(self) -> Any:
         if not self._cuda:
             return time.perf_counter()

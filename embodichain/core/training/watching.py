@@ -35,6 +35,7 @@ class UpdateWatch:
 
     def begin(self, directory: Path, first_step: int) -> None:
         """A fit starts at update `first_step` (0, or where a resumed run continues)."""
+        self.split.restart()
         self.recording = self.recording or start_recording(self.device,
                                                             self.config.memory_snapshot)
         self.profiler = UpdateProfiler(self.config.profile, directory, self.device,
