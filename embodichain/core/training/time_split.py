@@ -78,8 +78,11 @@ class TimeSplit:
     def metrics(self) -> dict[str, float]:
         """`time/split/<phase>` in seconds per update since the last call; then anew."""
         now = time.perf_counter()
-        done = [u for u in self._pending if not self._cuda or u.marks[-1].query()]
-        self._pending = [u for u in self._pending if u not in done]
+        done: list[_Update] = []
+        waiting: list[_Update] = []
+        for u in self._pending:
+            (done if not self._cuda or u.marks[-1].query() else waiting).append(u)
+        self._pending = waiting
         wall, started = now - self._since, self._started
         self._since, self._started = now, 0
         if not done or not started:
