@@ -37,6 +37,7 @@ from pydantic import (
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
+from embodichain.core.recipe.profile_schema import ProfileConfig, profile_problem
 from embodichain.core.recipe.schema_base import SECTION_CONFIG, Section  # noqa: F401 (re-exported)
 from embodichain.core.recipe.strategy_limits import strategy_problems
 
@@ -153,6 +154,19 @@ class TrainerConfig(Section):
     state sharded over the ranks with FSDP2, each rank saving its own shard."""
     fsdp: FsdpConfig | None = None
     """Options of `strategy: fsdp` (null: the defaults)."""
+    profile: ProfileConfig | None = None  # R-OPS-2: a torch.profiler trace per rank
+    """`{start, updates}`: traces in `output_dir/profile/` (docs/observe.md)."""
+    memory_snapshot: bool = False
+    """CUDA: torch's allocator snapshot in `output_dir/memory/` at an out-of-memory error
+    and at the profile's end (R-OPS-3; on CPU a warning says none is written)."""
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_fits(cls, value: ProfileConfig | None, info: Any) -> ProfileConfig | None:
+        problem = profile_problem(value, info.data.get("max_updates"))
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _strategy_runs_these_settings(self) -> TrainerConfig:
@@ -286,6 +300,8 @@ RESUMABLE_CHANGES = (
     "trainer.deterministic",
     # How the policy is judged in closed loop, not what is trained (R-EVAL-1).
     "evaluation",
+    "trainer.profile",  # what is recorded about updates, not what they compute (R-OPS-2)
+    "trainer.memory_snapshot",
 )
 
 def is_resumable_change(key: str) -> bool:

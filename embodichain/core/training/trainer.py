@@ -19,6 +19,7 @@ from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
+from embodichain.core.observe.measured import is_measured
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
@@ -39,6 +40,7 @@ from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 from embodichain.core.training.validating import Validation, validation_setup
+from embodichain.core.training.watching import UpdateWatch
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -116,6 +118,7 @@ class SupervisedTrainer:
         # a stop skipped or cut short, runs first when the run goes on (R-EVAL-4).
         self.validation = Validation(self, self._record)
         self.figures = UpdateFigures(self, self._record)  # what an update's figures ask for
+        self.watch = UpdateWatch(t, device)  # profile, time split, memory (R-OPS-2, R-OPS-3)
         self.validation_due = False
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
@@ -188,6 +191,7 @@ class SupervisedTrainer:
                                            run.directory, process_group.world_size(),
                                            exc) from exc
         finally:
+            self.watch.end(self.step)
             progress.close()
             self.checkpoints.settle()  # every exit path waits for the save in flight
         self._end(stopping, run.directory, rank_zero)
@@ -202,6 +206,7 @@ class SupervisedTrainer:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
         self.figures.lagged = None
+        self.watch.begin(directory, self.step)  # the profile's window, the snapshot
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -250,16 +255,22 @@ class SupervisedTrainer:
         its data ride its all-reduce. The wait counts the update's loading wherever it
         happens: before the update, and each micro-batch read as the learner reaches it
         (under G one micro-batch is loaded at a time, inside the update)."""
-        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
+        # The profile's window and an out-of-memory error's message (R-OPS-2, R-OPS-3).
+        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"), \
+                self.watch.update(self.step + 1, self.run_directory):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
             batches = TimedLoads(self.loader.next_update())
             before = time.perf_counter() - started
-            return self.learner.update(self.objective, batches,
-                                       stop=stop.flag if stop is not None else 0.0,
-                                       rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=lambda: before + batches.seconds,
-                                       part_counts=counts)
+            self.watch.split.begin()
+            result = self.learner.update(self.objective, batches,
+                                         stop=stop.flag if stop is not None else 0.0,
+                                         rank_zero_note=self.checkpoints.rank_zero_note(),
+                                         data_wait=lambda: before + batches.seconds,
+                                         part_counts=counts,
+                                         backward_done=self.watch.split.backward_done)
+            self.watch.split.end(before + batches.seconds, batches.seconds)
+            return result
 
     @property
     def stops_early(self) -> bool:
@@ -269,7 +280,7 @@ class SupervisedTrainer:
 
     def _record(self, values: Mapping[str, Any], step: int | None = None) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
-        self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
+        self.last_metrics.update({k: v for k, v in values.items() if not is_measured(k)})
         run = require_run(self)
         if run.metrics is not None:
             run.metrics.write({"step": self.step if step is None else step, **values})
