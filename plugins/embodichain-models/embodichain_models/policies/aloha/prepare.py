@@ -125,7 +125,8 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The command's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the dataset's root directory")
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
@@ -143,6 +144,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seeds tried at most (default 2 x episodes + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     parser.add_argument("--quiet", action="store_true", help="no line per episode")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
