@@ -37,7 +37,7 @@ from embodichain.core.deploy.program import (
 )
 from embodichain.core.deploy.trained import trained_model
 from embodichain.core.errors import UsageError
-from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS
+from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS, DEMONSTRATION_SEEDS_UNKNOWN
 
 FORMATS = {"onnx": ".onnx", "pt2": ".pt2"}
 TOLERANCE = 1e-5
@@ -86,6 +86,9 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
     interface["provenance"] = provenance(trained.run, trained.step, Path(checkpoint).name, ema)
     if trained.run.get(DEMONSTRATION_SEEDS):  # `eval ARTIFACT` refuses them (R-EVAL-6)
         interface["provenance"][DEMONSTRATION_SEEDS] = list(trained.run[DEMONSTRATION_SEEDS])
+    if trained.run.get(DEMONSTRATION_SEEDS_UNKNOWN):  # ... or warns that it cannot
+        interface["provenance"][DEMONSTRATION_SEEDS_UNKNOWN] = str(
+            trained.run[DEMONSTRATION_SEEDS_UNKNOWN])
     evaluation = (trained.run.get("config") or {}).get("evaluation")
     if isinstance(evaluation, Mapping):  # where `embodichain eval ARTIFACT` runs it
         interface["evaluation"] = json.loads(json.dumps(evaluation))
