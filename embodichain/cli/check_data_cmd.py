@@ -37,6 +37,7 @@ def check_data(
         from embodichain.core.distributed import process_group
         from embodichain.core.launch import api
         from embodichain.core.launch.train import build_trainer
+        from embodichain.core.observe.work_progress import showing_progress
         from embodichain.core.recipe.machine_limits import refuse_or_warn
 
         recipe = api.load_recipe(config, overrides or [], warn=False)
@@ -47,7 +48,8 @@ def check_data(
                            recipe.source, 1)
         console = error_console()
         with process_group.distributed_run(recipe.config.device) as device:
-            trainer = build_trainer(recipe, device)
+            with showing_progress(not no_progress):  # opening the data can be long
+                trainer = build_trainer(recipe, device)
             try:
                 source = trainer.source
                 if not isinstance(source, DatasetSource):

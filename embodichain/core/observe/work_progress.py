@@ -26,6 +26,8 @@ from rich.text import Text
 
 from embodichain.core.observe.progress import clock
 
+HOLD_BACK_S = 2.0
+"""How long `work_progress`'s work runs before it is shown (quick work shows nothing)."""
 _SHOWN: contextvars.ContextVar[bool] = contextvars.ContextVar("embodichain_work_progress",
                                                               default=False)
 
@@ -42,10 +44,10 @@ def showing_progress(enabled: bool) -> Iterator[None]:
 
 def work_progress(what: str, total: int, unit: str, **options: object) -> WorkProgress:
     """A `WorkProgress` enabled where a command allowed it (`showing_progress`), on rank 0;
-    held back `after_s` (default 2) seconds."""
+    held back `HOLD_BACK_S` seconds."""
     enabled = _SHOWN.get() and int(os.environ.get("RANK", "0")) == 0
     return WorkProgress(what, total, unit, enabled=enabled,
-                        **{"after_s": 2.0, **options})  # type: ignore[arg-type]
+                        **{"after_s": HOLD_BACK_S, **options})  # type: ignore[arg-type]
 
 
 def _amount(value: float, unit: str) -> str:
@@ -89,8 +91,9 @@ class WorkProgress:
         rate = self.rate()
         return (self.total - self.done) / rate if rate else None
 
-    def status(self) -> str:
-        """`3/50 episodes  1200/20000 frames  10.2 frames/s  elapsed 0:01:57  left 0:30:43`."""
+    def status(self, elapsed: bool = True) -> str:
+        """`3/50 episodes  1200/20000 frames  10.2 frames/s  left 0:30:43  elapsed 0:01:57`
+        (the elapsed time last: the first part a narrow terminal drops)."""
         parts = []
         if self.items is not None:
             name, size = self.items
@@ -101,8 +104,9 @@ class WorkProgress:
             parts.append(f"{self.done}/{self.total} {self.unit}")
         rate = self.rate()
         parts.append("-" if rate is None else f"{_amount(rate, self.unit)}/s")
-        parts.append(f"elapsed {clock(self.elapsed())}")
         parts.append(f"left {clock(self.left())}")
+        if elapsed:
+            parts.append(f"elapsed {clock(self.elapsed())}")
         return "  ".join(parts)
 
     def describe(self, what: str) -> None:
@@ -143,7 +147,8 @@ class WorkProgress:
 
 
 class _Line:
-    """The rich line: what, a bar over the rest of the width, the status."""
+    """The rich line: what, a bar over the rest of the width, the status; on a narrow
+    terminal no bar, then no elapsed time."""
 
     def __init__(self, progress: WorkProgress) -> None:
         self.progress = progress
@@ -153,7 +158,10 @@ class _Line:
         status = p.status()
         width = options.max_width - len(p.what) - len(status) - 4
         if width < 10:
-            yield Text(f"{p.what} {status}", no_wrap=True, overflow="ellipsis")
+            line = f"{p.what}  {status}"
+            if len(line) > options.max_width:
+                line = f"{p.what}  {p.status(elapsed=False)}"
+            yield Text(line, no_wrap=True, overflow="ellipsis")
             return
         grid = Table.grid(padding=(0, 2, 0, 0))
         grid.add_row(Text(p.what, no_wrap=True),

@@ -14,7 +14,12 @@ import io
 import pytest
 from rich.console import Console
 
-from embodichain.core.observe.work_progress import WorkProgress, showing_progress, work_progress
+from embodichain.core.observe.work_progress import (
+    WorkProgress,
+    _Line,
+    showing_progress,
+    work_progress,
+)
 
 
 class FakeClock:
@@ -35,8 +40,7 @@ def test_counts_rate_and_time_left_follow_the_work() -> None:
     console, out = plain()
     progress = WorkProgress("rendering top", 2 * 400, "frames", items=("episodes", 400),
                             console=console, clock=clock, every_s=30)
-    assert progress.status().startswith("0/2 episodes  0/800 frames  -  elapsed 0:00:00  "
-                                         "left -:--:--")
+    assert progress.status() == "0/2 episodes  0/800 frames  -  left -:--:--  elapsed 0:00:00"
     clock.now += 40
     progress.advance(399)
     assert progress.status().startswith("0/2 episodes  399/800 frames")
@@ -44,7 +48,7 @@ def test_counts_rate_and_time_left_follow_the_work() -> None:
     progress.advance()
     assert progress.done == 400 and progress.rate() == pytest.approx(400 / 40.1)
     assert progress.status() == ("1/2 episodes  400/800 frames  9.975 frames/s  "
-                                 "elapsed 0:00:40  left 0:00:40")
+                                 "left 0:00:40  elapsed 0:00:40")
 
 
 def test_off_a_terminal_a_plain_line_every_period_and_at_the_end() -> None:
@@ -68,8 +72,7 @@ def test_bytes_are_shown_in_their_units() -> None:
     progress = WorkProgress("hashing", 3_000_000_000, "B", clock=clock, enabled=False)
     clock.now += 10
     progress.advance(1_500_000_000)
-    assert progress.status().startswith("1.5 GB of 3 GB  150 MB/s  elapsed 0:00:10  "
-                                        "left 0:00:10")
+    assert progress.status() == "1.5 GB of 3 GB  150 MB/s  left 0:00:10  elapsed 0:00:10"
 
 
 def test_on_a_terminal_the_rich_line_shows_the_phase_and_counts(
@@ -86,6 +89,21 @@ def test_on_a_terminal_the_rich_line_shows_the_phase_and_counts(
         console.print(progress._live.renderable if progress._live else "no live display")
     text = out.getvalue()
     assert "encoding" in text and "1/2 episodes  400/800 frames  40 frames/s" in text
+
+
+def test_a_narrow_terminal_keeps_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
+    clock = FakeClock()
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=80, color_system=None)
+    progress = WorkProgress("rendering top", 20000, "frames", items=("episodes", 400),
+                            console=console, clock=clock, enabled=False)
+    clock.now += 1000
+    progress.advance(9000)
+    console.print(_Line(progress))
+    line = out.getvalue().rstrip("\n")
+    assert line == ("rendering top  22/50 episodes  9000/20000 frames  9 frames/s  "
+                    "left 0:20:22"), line
 
 
 def test_nothing_is_shown_when_disabled_or_before_after_s() -> None:
