@@ -75,15 +75,14 @@ def check_data(
 
 
 def _checked(check, dataset, workers: int, no_progress: bool, console):  # noqa: ANN001, ANN202
-    """`check(dataset, ...)` under a progress bar (on stderr) unless `no_progress`."""
+    """`check(dataset, ...)` showing its progress (on stderr: examples, examples/s, the time
+    left; plain lines off a terminal) unless `no_progress`."""
     if no_progress:
         return check(dataset, workers=workers)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from embodichain.core.observe.work_progress import WorkProgress
 
-    with Progress("checking data", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("examples", total=len(dataset))
-        return check(dataset, workers=workers, progress=lambda n: bar.advance(task, n))
+    with WorkProgress("checking data", len(dataset), "examples", console=console) as bar:
+        return check(dataset, workers=workers, progress=bar.advance)
 
 
 def register(app: typer.Typer) -> None:

@@ -62,15 +62,19 @@ def _amount(value: float, unit: str) -> str:
 
 class WorkProgress:
     """`total` units of work (`unit`: "frames", "files", "B" for bytes), counted by
-    `advance(n)`; `items=("episodes", k)` also counts every k units as one of those.
-    `clock` (seconds) is injectable for tests; `status()` is the line shown."""
+    `advance(n)`; `items=("episodes", k)` also counts every k units as one of those. Work
+    in a few long steps of unequal length names each as it begins (`begin`) and shows no
+    rate or time left (`estimate=False`). `clock` (seconds) is injectable for tests;
+    `status()` is the line shown."""
 
     def __init__(self, what: str, total: int, unit: str, *, enabled: bool = True,
                  items: tuple[str, int] | None = None, console: Console | None = None,
                  clock: Callable[[], float] = time.monotonic, every_s: float = 30.0,
-                 after_s: float = 0.0) -> None:
+                 after_s: float = 0.0, estimate: bool = True) -> None:
         self.what, self.total, self.unit, self.items = what, max(int(total), 0), unit, items
+        self.estimate = estimate
         self.done = 0
+        self._begun = False
         self.enabled, self.every_s, self.after_s = enabled, every_s, after_s
         self.console = console or Console(stderr=True)
         self._clock = clock
@@ -102,9 +106,10 @@ class WorkProgress:
             parts.append(f"{_amount(self.done, 'B')} of {_amount(self.total, 'B')}")
         else:
             parts.append(f"{self.done}/{self.total} {self.unit}")
-        rate = self.rate()
-        parts.append("-" if rate is None else f"{_amount(rate, self.unit)}/s")
-        parts.append(f"left {clock(self.left())}")
+        if self.estimate:
+            rate = self.rate()
+            parts.append("-" if rate is None else f"{_amount(rate, self.unit)}/s")
+            parts.append(f"left {clock(self.left())}")
         if elapsed:
             parts.append(f"elapsed {clock(self.elapsed())}")
         return "  ".join(parts)
@@ -113,6 +118,13 @@ class WorkProgress:
         """Name the work's current phase (shown from the next refresh)."""
         self.what = what
         self._show(force=True)
+
+    def begin(self, what: str) -> None:
+        """The previous step is done (if any); `what` begins."""
+        if self._begun:
+            self.done = min(self.done + 1, self.total)
+        self._begun = True
+        self.describe(what)
 
     def advance(self, n: int = 1) -> None:
         self.done = min(self.done + n, self.total) if self.total else self.done + n

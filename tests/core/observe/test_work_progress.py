@@ -131,3 +131,15 @@ def test_work_progress_shows_only_where_a_command_allowed_it_on_rank_zero(
     with showing_progress(False):
         monkeypatch.setenv("RANK", "0")
         assert not work_progress("x", 1, "files").enabled
+
+
+def test_steps_are_named_as_they_begin_and_counted_when_the_next_does() -> None:
+    clock = FakeClock()
+    console, out = plain()
+    with WorkProgress("export", 3, "steps", console=console, clock=clock,
+                      estimate=False) as progress:
+        progress.begin("tracing")
+        clock.now += 65
+        progress.begin("checking")
+    assert out.getvalue().splitlines() == ["tracing: 0/3 steps  elapsed 0:00:00",
+                                           "checking: 1/3 steps  elapsed 0:01:05"]
