@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -48,11 +49,10 @@ def warn_unknown_seeds(seed: int, episodes: int, why: str | None, what: str) -> 
     checked against the demonstrations' seeds, which are unknown (`why`; None: known)."""
     if why is None:
         return
-    from embodichain.core.observe.progress import log
-
-    log.warning("warning: %s: the seeds the training data was recorded with are unknown (%s): "
-                "evaluation seeds %d..%d were not checked against them, and the policy may be "
-                "judged on its own demonstrations", what, why, seed, seed + episodes - 1)
+    logging.getLogger("embodichain").warning(
+        "warning: %s: the seeds the training data was recorded with are unknown (%s): "
+        "evaluation seeds %d..%d were not checked against them, and the policy may be "
+        "judged on its own demonstrations", what, why, seed, seed + episodes - 1)
 
 
 def describe(space: Any) -> str:
