@@ -86,10 +86,12 @@ class SupervisedTrainer:
         self.device = device
         self.source = source
         self.model_facts = recorded(model_facts, getattr(config, "factory", "?"))
-        unknown = isinstance(demonstration_seeds, UnknownSeeds)
-        self.unknown_seeds = demonstration_seeds.why if unknown else None
-        self.demonstration_seeds = [] if unknown else sorted({int(s) for s in
-                                                              demonstration_seeds})
+        self.unknown_seeds: str | None = None  # why they are unknown (R-EVAL-6)
+        self.demonstration_seeds: list[int] = []
+        if isinstance(demonstration_seeds, UnknownSeeds):
+            self.unknown_seeds = demonstration_seeds.why
+        else:
+            self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
         self.objective = objective
         self.evaluate = evaluate
         # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
