@@ -34,7 +34,7 @@ from embodichain.core.training.checkpointing import Checkpointing, RunContext, r
 from embodichain.core.training.evaluating import check_acting
 from embodichain.core.training.figures import UpdateFigures
 from embodichain.core.training.learner import Learner, UpdateResult
-from embodichain.core.training.model_facts import recorded
+from embodichain.core.training.model_facts import UnknownSeeds, recorded
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
@@ -60,7 +60,8 @@ class SupervisedTrainer:
     (R-EVAL-1, docs/evaluation.md). `model_facts`: what the data gave the model (JSON
     values), kept in checkpoints so `eval` and `export` rebuild it without the data
     (R-EVAL-5; `source` is None only then); `demonstration_seeds`: the seeds the data was
-    recorded with, refused as evaluation seeds (R-EVAL-6).
+    recorded with, refused as evaluation seeds (R-EVAL-6); `UnknownSeeds(why)` where the
+    data cannot tell them (each evaluation then warns and records it).
     """
 
     def __init__(
@@ -81,13 +82,18 @@ class SupervisedTrainer:
         success: Success | None = None,
         judge: MakeJudge | None = None,
         model_facts: Mapping[str, Any] | None = None,
-        demonstration_seeds: Sequence[int] = (),
+        demonstration_seeds: Sequence[int] | UnknownSeeds = (),
     ) -> None:
         self.config = config
         self.device = device
         self.source = source
         self.model_facts = recorded(model_facts, getattr(config, "factory", "?"))
-        self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
+        self.unknown_seeds: str | None = None  # why they are unknown (R-EVAL-6)
+        self.demonstration_seeds: list[int] = []
+        if isinstance(demonstration_seeds, UnknownSeeds):
+            self.unknown_seeds = demonstration_seeds.why
+        else:
+            self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
         self.objective = objective
         self.evaluate = evaluate
         # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
