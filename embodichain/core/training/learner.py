@@ -5,7 +5,7 @@ and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how t
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
 non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
-device (R-GPU-1): the skip is decided there (guarded_step.py) and the figures reach the host
+device (R-GPU-1): the skip is applied there (guarded_step.py) and the figures reach the host
 through pinned buffers (host_copies.py), read during the next update (`settle`).
 """
 
@@ -22,7 +22,7 @@ from torch import nn
 from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
-from embodichain.core.training.guarded_step import GuardedStep
+from embodichain.core.training.guarded_step import SkipGuard, make_guarded_step
 from embodichain.core.training.host_copies import HostCopies, Slot
 from embodichain.core.training.objective import LossResult, Objective
 from embodichain.core.training.param_groups import (
@@ -137,6 +137,7 @@ class Learner:
         strategy: str = "ddp",
         shard_blocks: Sequence[nn.Module] = (),
         reshard_after_forward: bool = True,
+        skip_guard: SkipGuard = "copy",
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
@@ -167,10 +168,11 @@ class Learner:
         # own value (its largest is what starves the update), at no collective of its own.
         self._rank, self._waits = process_group.rank(), process_group.world_size()
         # Flags out and figures back through pinned buffers, without waiting (R-GPU-1); the
-        # step applied unless the device says to skip it.
+        # step applied unless the update says to skip it (`skip_guard`: how, on a GPU, for
+        # an optimizer without `found_inf`).
         self._copies = HostCopies(device)
-        self._guard = GuardedStep(list(self.model.parameters()), self.optimizer, self.scaler,
-                                  self.ema)
+        self._guard = make_guarded_step(list(self.model.parameters()), self.optimizer,
+                                        self.scaler, self.ema, device, skip_guard)
         self._pending: tuple[UpdateResult, Slot, int] | None = None
 
     @property
