@@ -274,7 +274,7 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
-    "trainer.skip_guard",  # how a skip is applied, not what is trained (R-OPS-3)
+    "trainer.skip_guard",  # how a skip is applied, not what is trained
     "trainer.ema.validate",  # which weights are evaluated, not what is trained
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",

@@ -1,5 +1,5 @@
 """The optimizer step, the grad scaler's update and the EMA, skipped when the update says so
-(R-GPU-1, R-OPS-3).
+(R-GPU-1).
 
 An update whose global weight is 0 or whose global loss is not finite is not applied, and
 under fp16 neither is one whose gradients overflowed (GradScaler's `found_inf`). Those

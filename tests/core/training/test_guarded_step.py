@@ -1,5 +1,4 @@
-"""R-GPU-1, R-OPS-3: every way of skipping an update leaves everything as the host-side
-skip did.
+"""R-GPU-1: every way of skipping an update leaves everything as the host-side skip did.
 
 core/training/guarded_step.py has three: on the CPU the decision is read on the host and a
 skipped step is not taken (`HostDecidedStep`); on a GPU a fused optimizer gets it as its
@@ -44,10 +43,12 @@ def objective(model: nn.Module, batch: dict[str, torch.Tensor]):
     return LossResult(loss=loss, weight=batch["weight"])
 
 
-def batch(kind: str, g: torch.Generator) -> dict[str, torch.Tensor]:
-    return {"x": torch.randn(8, 4, generator=g), "y": torch.randn(8, 2, generator=g),
+def batch(kind: str, g: torch.Generator, device: torch.device = CPU
+          ) -> dict[str, torch.Tensor]:
+    data = {"x": torch.randn(8, 4, generator=g), "y": torch.randn(8, 2, generator=g),
             "weight": torch.tensor(0.0 if kind == "zero" else 8.0),
             "scale": torch.tensor({"nan": float("nan"), "inf": float("inf")}.get(kind, 1.0))}
+    return {k: v.to(device) for k, v in data.items()}
 
 
 def make_model(norm: bool = True) -> nn.Module:
@@ -97,22 +98,39 @@ def device_side(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(("name", "guard"), CASES, ids=[f"{n}/{g}" for n, g in CASES])
 def test_device_skip_equals_the_host_skip(name: str, guard: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    config = CONFIGS[name]
     if guard != "host":
         monkeypatch.setattr(guarded_step, "HOST_DEVICES", ())
+    check_against_the_host_skip(CONFIGS[name], guard, CPU)
+
+
+CUDA_CASES = [("adam+clip", "copy"), ("adam+clip", "sync"), ("adamw-fused", "found_inf"),
+              ("sgd-fused", "found_inf")]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(("name", "guard"), CUDA_CASES, ids=[f"{n}/{g}" for n, g in CUDA_CASES])
+def test_each_cuda_guard_equals_the_host_skip(name: str, guard: str) -> None:
+    """On a GPU: the guard each optimizer gets (fused: found_inf; else the recipe's copy or
+    sync) is bitwise the loop deciding on the host."""
+    check_against_the_host_skip(CONFIGS[name], guard, torch.device("cuda"))
+
+
+def check_against_the_host_skip(config: OptimizerConfig, guard: str,
+                                device: torch.device) -> None:
     schedule = SchedulerConfig(name="cosine", end_lr=0.001, warmup_updates=2)
-    learner = Learner(make_model(), config, schedule, len(PLAN), CPU, ema_decay=0.8,
+    learner = Learner(make_model(), config, schedule, len(PLAN), device, ema_decay=0.8,
                       skip_guard="sync" if guard == "sync" else "copy")
     assert type(learner._guard) is GUARDS[guard]
     # The reference: today's loop, deciding on the host.
-    model = make_model()
+    model = make_model().to(device)
     optimizer = build_optimizer(build_param_groups(model, config), config)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, learner._lr_factor)
     ema = Ema(model, 0.8)
     g_learner, g_reference = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
     for step, kind in enumerate(PLAN, 1):
-        result = learner.update(objective, batch(kind, g_learner))
-        data = batch(kind, g_reference)
+        result = learner.update(objective, batch(kind, g_learner, device))
+        data = batch(kind, g_reference, device)
         out = objective(model, data)
         (out.loss * out.weight).backward()
         weight = float(out.weight)
@@ -133,7 +151,7 @@ def test_device_skip_equals_the_host_skip(name: str, guard: str,
                     f"{where} optimizer")
         assert_same(learner.scheduler.state_dict(), scheduler.state_dict(), f"{where} schedule")
         assert_same(learner.ema.state_dict(), ema.state_dict(), f"{where} EMA")
-    assert any(not torch.equal(a, b) for a, b in zip(
+    assert any(not torch.equal(a.cpu(), b) for a, b in zip(
         learner.model.state_dict().values(), make_model().state_dict().values(), strict=True))
     learner.release()
 
@@ -143,17 +161,22 @@ def test_a_lagged_settle_restores_before_the_next_step(fused: bool, device_side:
     """Two updates in a row without reading the first one's figures: the second settles
     the first (a skipped one's Adam state put back) before it steps."""
     config = OptimizerConfig(name="adam", lr=0.01, fused=fused)
-    learner = Learner(make_model(), config, None, 4, CPU)
+    learner = Learner(make_model(), config, None, 4, CPU, ema_decay=0.8)
     g = torch.Generator().manual_seed(3)
     learner.update(objective, batch("ok", g))
     learner.settle()
     state = copy.deepcopy(learner.optimizer.state_dict())
+    reference = Ema(learner.model, 0.8)  # the EMA as it is, moved once more by hand
+    reference.load_state_dict(learner.ema.state_dict())
     first = learner.update(objective, batch("nan", g))
     assert not first.settled
     second = learner.update(objective, batch("ok", g))
     assert first.settled and first.skipped and not second.settled
     steps = {int(s["step"]) for s in learner.optimizer.state_dict()["state"].values()}
     assert steps == {int(s["step"]) + 1 for s in state["state"].values()}  # one step, not two
+    learner.settle()
+    reference.update()  # one average, from the parameters after the second update's step
+    assert_same(learner.ema.state_dict(), reference.state_dict(), "EMA")
     learner.release()
 
 
