@@ -15,6 +15,10 @@ batch 64, 30 updates, no save in between. Each run is its own process, one after
   skip handed to fused Adam as its `found_inf` (no copy); beside it `hand loop, fused`;
 - with `--baseline-ref REF`, also `train-sl` as of git commit REF (a temporary worktree).
 
+`--step-times` instead times the optimizer step alone in one process, each way of skipping
+in turn (CPU: the host's read; `copy`; fused Adam's `found_inf`; `sync` is the host's read
+plus, on a GPU, a wait this CPU run cannot show), so that the machine's load hits all alike.
+
 Reported: the peak resident set size (`ru_maxrss`) at update 30, read inside the process
 (train-sl: a validation callback at update 30, before the run's final save; the hand loop:
 after its 30th update), the whole process's peak (train-sl's final save included), and the
@@ -22,6 +26,7 @@ median seconds per update. The goal is train-sl's peak at update 30 <= 1.1x the 
 
     python benchmarks/memory.py
     python benchmarks/memory.py --baseline-ref 1781237 --rounds 2
+    python benchmarks/memory.py --step-times 20
 """
 
 from __future__ import annotations
@@ -117,6 +122,44 @@ def build_supervised_trainer(config, device):
 build_supervised_trainer.config_schema = wide_mlp_schema()
 
 
+# -- the step alone, each guard in turn ----------------------------------------------------------
+
+
+def step_times(rounds: int) -> None:
+    """Median seconds of `GuardedStep.step` + `settle` (an applied update) per guard."""
+    import torch
+
+    from embodichain.core.recipe.schema import OptimizerConfig
+    from embodichain.core.training import guarded_step
+    from embodichain.core.training.param_groups import build_optimizer, build_param_groups
+
+    torch.manual_seed(0)
+    model = wide_mlp(WIDTH, DEPTH)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    guards = {}
+    for name, kind, fused in (("host read (CPU; sync)", guarded_step.HostDecidedStep, False),
+                              ("copy", guarded_step.CopiedStep, False),
+                              ("fused found_inf", guarded_step.FoundInfStep, True)):
+        config = OptimizerConfig(name="adam", lr=1e-3, fused=fused)
+        optimizer = build_optimizer(build_param_groups(model, config), config)
+        guards[name] = kind(list(model.parameters()), optimizer, scaler, None)
+    skip = torch.tensor(False)
+    times: dict[str, list[float]] = {name: [] for name in guards}
+    for _ in range(rounds + 2):  # two rounds to warm up (state, copy buffers)
+        for name, guard in guards.items():
+            start = time.perf_counter()
+            no_step = guard.step(skip, None)
+            guard.settle(skipped=False, stepped=not bool(no_step))
+            times[name].append(time.perf_counter() - start)
+    print(f"optimizer step with each guard, {rounds} rounds in turn after 2 to warm up "
+          f"(median ms; one CPU thread):")
+    for name, values in times.items():
+        print(f"  {name:<24} {statistics.median(values[2:]) * 1e3:7.1f} ms "
+              f"(range {min(values[2:]) * 1e3:.1f}-{max(values[2:]) * 1e3:.1f})")
+
+
 # -- the runs ----------------------------------------------------------------------------------
 
 
@@ -145,7 +188,8 @@ def run(kind: str, work: Path, tree: Path | None = None) -> dict[str, float]:
         env = bench_env(*([tree] if tree else []), BENCH, MEMORY_BENCH_OUT=str(out),
                         MEMORY_BENCH_AS_GPU="1" if as_gpu else "0")
     with (work / "stderr.txt").open("w") as stderr:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+        # cwd: not the repository, which `python -m` would put first on sys.path
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL,
                                 stderr=stderr)
         # the peak of this child alone (wait4's rusage), not of every child so far
         _, status, usage = os.wait4(proc.pid, 0)
@@ -167,7 +211,14 @@ def main() -> None:
     parser.add_argument("--baseline-ref", help="also run train-sl as of this git commit")
     parser.add_argument("--hand-loop", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--fused", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--step-times", type=int, metavar="ROUNDS",
+                        help="time the optimizer step with each guard instead")
     args = parser.parse_args()
+    if args.step_times:
+        torch_threads = os.environ.get("OMP_NUM_THREADS")
+        assert torch_threads == "1", "run with OMP_NUM_THREADS=1 (as the other runs are)"
+        step_times(args.step_times)
+        return
     if args.hand_loop is not None:
         hand_loop(args.hand_loop, args.fused)
         return

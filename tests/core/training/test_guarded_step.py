@@ -189,12 +189,15 @@ def _full(value):
     return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
-def test_fsdp_skips_leave_its_shards_and_state_as_they_were(device_side: None) -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["copy", "found_inf"])
+def test_fsdp_skips_leave_its_shards_and_state_as_they_were(fused: bool, device_side: None
+                                                            ) -> None:
     """Under FSDP (one rank) the device-side skip works on the local shards: a skipped
     update leaves parameters, Adam's state and the sharded EMA bitwise as they were; a
     normal one changes them."""
-    learner = Learner(make_model(norm=False), OptimizerConfig(name="adam", lr=0.01), None,
-                      len(PLAN), CPU, strategy="fsdp", ema_decay=0.8)
+    learner = Learner(make_model(norm=False), OptimizerConfig(name="adam", lr=0.01, fused=fused),
+                      None, len(PLAN), CPU, strategy="fsdp", ema_decay=0.8)
+    assert type(learner._guard) is GUARDS["found_inf" if fused else "copy"]
     g = torch.Generator().manual_seed(5)
     try:
         for step, kind in enumerate(PLAN, 1):
