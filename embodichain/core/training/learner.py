@@ -5,8 +5,9 @@ and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how t
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
 non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
-device (R-GPU-1): the skip is applied there (guarded_step.py) and the figures reach the host
-through pinned buffers (host_copies.py), read during the next update (`settle`).
+device (R-GPU-1): on a GPU the skip is applied there (guarded_step.py; on the CPU the host
+reads it, which waits for nothing) and the figures reach the host through pinned buffers
+(host_copies.py), read during the next update (`settle`).
 """
 
 from __future__ import annotations
