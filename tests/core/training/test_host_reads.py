@@ -135,13 +135,19 @@ def test_no_host_reads_in_the_steady_state(name: str, tmp_path: Path,
     _assert_steady(*_train(tmp_path, CONFIGS[name], "cpu", monkeypatch))
 
 
-def test_the_cpu_reads_only_its_skip_decision(tmp_path: Path,
+@pytest.mark.parametrize("where", ["cpu", "gpu with skip_guard: sync"])
+def test_the_cpu_reads_only_its_skip_decision(where: str, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU (where it waits for nothing) the skip is read on the host: one read per
-    steady update, the guard's, and nothing else. Catches another read hiding behind it,
-    and the CPU falling back to a device-side guard (no read: its copy is back)."""
-    per_update, early, checked = _train(tmp_path, ["trainer.ema.decay=0.9"], "cpu",
-                                        monkeypatch)
+    steady update, the guard's, and nothing else; so it is on a GPU (the CPU taken as one)
+    with `trainer.skip_guard: sync`. Catches another read hiding behind it, the CPU falling
+    back to a device-side guard (no read: its copy is back), and the recipe's key not
+    reaching the learner."""
+    changes = ["trainer.ema.decay=0.9"]
+    if where != "cpu":
+        monkeypatch.setattr(guarded_step, "HOST_DEVICES", ())
+        changes.append("trainer.skip_guard=sync")
+    per_update, early, checked = _train(tmp_path, changes, "cpu", monkeypatch)
     for step in checked:
         assert len(per_update[step]) == 1 and "guarded_step.py" in per_update[step][0] \
             and "tolist" in per_update[step][0], (step, per_update[step])
