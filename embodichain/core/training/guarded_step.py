@@ -88,19 +88,19 @@ def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
-def make_guarded_step(parameters: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
-                      scaler: torch.amp.GradScaler, ema: Any, device: torch.device,
-                      skip_guard: SkipGuard = "copy") -> GuardedStep:
-    """The guard for this device and optimizer (see the module's docstring)."""
-    if device.type in HOST_DEVICES or skip_guard == "sync":
-        return HostDecidedStep(parameters, optimizer, scaler, ema)
-    if takes_found_inf(optimizer):
-        return FoundInfStep(parameters, optimizer, scaler, ema)
-    return CopiedStep(parameters, optimizer, scaler, ema)
-
-
 class GuardedStep:
     """The learner's step, applied unless the update says to skip it."""
+
+    @staticmethod
+    def choose(parameters: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
+               scaler: torch.amp.GradScaler, ema: Any, device: torch.device,
+               skip_guard: SkipGuard | str = "copy") -> GuardedStep:
+        """The guard for this device and optimizer (see the module's docstring)."""
+        if device.type in HOST_DEVICES or skip_guard == "sync":
+            return HostDecidedStep(parameters, optimizer, scaler, ema)
+        if takes_found_inf(optimizer):
+            return FoundInfStep(parameters, optimizer, scaler, ema)
+        return CopiedStep(parameters, optimizer, scaler, ema)
 
     def __init__(self, parameters: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
                  scaler: torch.amp.GradScaler, ema: Any) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
-from embodichain.core.training.guarded_step import SkipGuard, make_guarded_step
+from embodichain.core.training.guarded_step import GuardedStep
 from embodichain.core.training.host_copies import HostCopies, Slot
 from embodichain.core.training.objective import LossResult, Objective
 from embodichain.core.training.param_groups import (
@@ -135,10 +135,10 @@ class Learner:
         param_groups: ParamGroups | None = None,
         ema_decay: float | None = None,
         compile: bool = False,
+        skip_guard: str = "copy",
         strategy: str = "ddp",
         shard_blocks: Sequence[nn.Module] = (),
         reshard_after_forward: bool = True,
-        skip_guard: SkipGuard = "copy",
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
@@ -172,8 +172,8 @@ class Learner:
         # step applied unless the update says to skip it (`skip_guard`: how, on a GPU, for
         # an optimizer without `found_inf`).
         self._copies = HostCopies(device)
-        self._guard = make_guarded_step(list(self.model.parameters()), self.optimizer,
-                                        self.scaler, self.ema, device, skip_guard)
+        self._guard = GuardedStep.choose(list(self.model.parameters()), self.optimizer,
+                                         self.scaler, self.ema, device, skip_guard)
         self._pending: tuple[UpdateResult, Slot, int] | None = None
 
     @property

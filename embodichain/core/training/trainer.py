@@ -97,10 +97,11 @@ class SupervisedTrainer:
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
+                               skip_guard=t.skip_guard,
                                ema_decay=t.ema.decay if t.ema is not None else None,
                                strategy=t.strategy, shard_blocks=shard_blocks,
                                reshard_after_forward=t.fsdp is None
-                               or t.fsdp.reshard_after_forward, skip_guard=t.skip_guard)
+                               or t.fsdp.reshard_after_forward)
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler, self.loader = data_of(config, source, device)
