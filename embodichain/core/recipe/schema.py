@@ -107,6 +107,12 @@ class TrainerConfig(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    skip_guard: Literal["copy", "sync"] = "copy"
+    """On a GPU, how a skipped update (zero weight, non-finite loss, fp16 overflow) is kept
+    from changing the model when the optimizer has no fused `found_inf` path: `copy` keeps a
+    copy of the parameters and optimizer state each update (memory, no wait), `sync` reads
+    the decision on the host before the step (one wait for the GPU per update). Fused
+    optimizers and CPU runs need neither; training is the same either way."""
     # -- training loops (R-LOOP-1, R-LOOP-2, R-LOOP-4): core/training/{learner,ema,precision} --
     grad_accumulation: PositiveInt = 1
     """Micro-batches of `batch_size` per worker per update; one gradient all-reduce. Under
@@ -282,6 +288,7 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    "trainer.skip_guard",  # how a skip is applied, not what is trained
     "trainer.ema.validate",  # which weights are evaluated, not what is trained
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",

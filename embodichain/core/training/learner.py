@@ -5,8 +5,9 @@ and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how t
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
 non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
-device (R-GPU-1): the skip is decided there (guarded_step.py) and the figures reach the host
-through pinned buffers (host_copies.py), read during the next update (`settle`).
+device (R-GPU-1): on a GPU the skip is applied there (guarded_step.py; on the CPU the host
+reads it, which waits for nothing) and the figures reach the host through pinned buffers
+(host_copies.py), read during the next update (`settle`).
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class Learner:
         param_groups: ParamGroups | None = None,
         ema_decay: float | None = None,
         compile: bool = False,
+        skip_guard: str = "copy",
         strategy: str = "ddp",
         shard_blocks: Sequence[nn.Module] = (),
         reshard_after_forward: bool = True,
@@ -170,10 +172,11 @@ class Learner:
         # own value (its largest is what starves the update), at no collective of its own.
         self._rank, self._waits = process_group.rank(), process_group.world_size()
         # Flags out and figures back through pinned buffers, without waiting (R-GPU-1); the
-        # step applied unless the device says to skip it.
+        # step applied unless the update says to skip it (`skip_guard`: how, on a GPU, for
+        # an optimizer without `found_inf`).
         self._copies = HostCopies(device)
-        self._guard = GuardedStep(list(self.model.parameters()), self.optimizer, self.scaler,
-                                  self.ema)
+        self._guard = GuardedStep.choose(list(self.model.parameters()), self.optimizer,
+                                         self.scaler, self.ema, device, skip_guard)
         self._pending: tuple[UpdateResult, Slot, int] | None = None
 
     @property

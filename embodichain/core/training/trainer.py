@@ -105,6 +105,7 @@ class SupervisedTrainer:
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
+                               skip_guard=t.skip_guard,
                                ema_decay=t.ema.decay if t.ema is not None else None,
                                strategy=t.strategy, shard_blocks=shard_blocks,
                                reshard_after_forward=t.fsdp is None
