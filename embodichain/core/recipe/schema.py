@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointingConfig
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
@@ -153,6 +154,9 @@ class TrainerConfig(Section):
     state sharded over the ranks with FSDP2, each rank saving its own shard."""
     fsdp: FsdpConfig | None = None
     """Options of `strategy: fsdp` (null: the defaults)."""
+    activation_checkpointing: ActivationCheckpointingConfig | None = None
+    """Recompute the forward of the named module classes in the backward instead of keeping
+    their activations (R-OPS-4; null: keep them all). Training is the same, only slower."""
 
     @model_validator(mode="after")
     def _strategy_runs_these_settings(self) -> TrainerConfig:
