@@ -284,6 +284,7 @@ RESUMABLE_CHANGES = (
     "trainer.data_workers",
     "trainer.prefetch",
     "trainer.fsdp",  # reshard_after_forward: memory against communication, same update
+    "trainer.activation_checkpointing",  # memory against time, the same update (R-OPS-4)
     # Which kernels compute the same update, not what is trained: on CPU nothing changes; on
     # CUDA a run continued with another value is float-close to the uninterrupted one, no
     # longer bitwise (run.json's `resumed` event records the value each resume ran with).
