@@ -103,10 +103,15 @@ def built(case: Case, checkpointed: bool) -> tuple[nn.Module, torch.optim.Optimi
 
 
 def update(case: Case, model: nn.Module, optimizer: torch.optim.Optimizer,
-           batch: dict[str, torch.Tensor]) -> None:
-    case.objective(model, batch).loss.backward()
+           batch: dict[str, torch.Tensor]) -> float:
+    """One update; the seconds its forward took."""
+    started = time.perf_counter()
+    loss = case.objective(model, batch).loss
+    forward = time.perf_counter() - started
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return forward
 
 
 def same_training(case: Case) -> bool:
@@ -141,43 +146,49 @@ def activations(peak: dict[str, int]) -> int:
     return peak["Activation"] + peak["Temp"]
 
 
-def seconds_per_update(case: Case, rounds: int, updates: int) -> tuple[float, float, float]:
+def seconds_per_update(case: Case, rounds: int, updates: int
+                       ) -> tuple[float, float, float, float]:
     """Rounds of `updates` updates of each copy, the order flipped every round, after one
-    update of each: the median seconds per update of each, and the median over rounds of
-    the round's ratio (checkpointed / plain: the two blocks of a round ran under the same
-    load)."""
+    update of each: the median seconds per update of each, the median over rounds of the
+    round's ratio (checkpointed / plain: the two blocks of a round ran under the same load),
+    and the plain update's share of time in its forward (what recomputing all of the
+    forward would add)."""
     copies = {c: built(case, c) for c in (False, True)}
     batch = case.batch()
     for model, optimizer in copies.values():
         update(case, model, optimizer, batch)
     blocks: dict[bool, list[float]] = {False: [], True: []}
+    shares = []
     for r in range(rounds):
         for checkpointed in ((False, True) if r % 2 == 0 else (True, False)):
             model, optimizer = copies[checkpointed]
             started = time.perf_counter()
-            for _ in range(updates):
-                update(case, model, optimizer, batch)
-            blocks[checkpointed].append((time.perf_counter() - started) / updates)
+            forward = sum(update(case, model, optimizer, batch) for _ in range(updates))
+            elapsed = time.perf_counter() - started
+            blocks[checkpointed].append(elapsed / updates)
+            if not checkpointed:
+                shares.append(forward / elapsed)
     ratios = [c / p for p, c in zip(blocks[False], blocks[True], strict=True)]
     return (statistics.median(blocks[False]), statistics.median(blocks[True]),
-            statistics.median(ratios))
+            statistics.median(ratios), statistics.median(shares))
 
 
 def report(case: Case, rounds: int, updates: int) -> dict[str, Any]:
     same = same_training(case)
     plain, checkpointed = peak_memory(case, False), peak_memory(case, True)
-    s_plain, s_ckpt, ratio = seconds_per_update(case, rounds, updates)
+    s_plain, s_ckpt, ratio, share = seconds_per_update(case, rounds, updates)
     mib = 2 ** 20
     row = {"case": case.name, "same_weights": same, "act_plain_mib": activations(plain) / mib,
            "act_ckpt_mib": activations(checkpointed) / mib,
            "peak_plain_mib": plain["Total"] / mib, "peak_ckpt_mib": checkpointed["Total"] / mib,
-           "s_plain": s_plain, "s_ckpt": s_ckpt, "time_ratio": ratio}
+           "s_plain": s_plain, "s_ckpt": s_ckpt, "time_ratio": ratio, "forward_share": share}
     row["act_lower"] = 1 - row["act_ckpt_mib"] / row["act_plain_mib"]
     print(f"{row['case']}: weights bitwise equal: {same}; activations at the peak "
           f"{row['act_plain_mib']:.1f} -> {row['act_ckpt_mib']:.1f} MiB "
           f"({100 * row['act_lower']:.0f}% lower); peak {row['peak_plain_mib']:.1f} -> "
           f"{row['peak_ckpt_mib']:.1f} MiB; update {1000 * row['s_plain']:.1f} -> "
-          f"{1000 * row['s_ckpt']:.1f} ms ({row['time_ratio']:.2f}x)", flush=True)
+          f"{1000 * row['s_ckpt']:.1f} ms ({row['time_ratio']:.2f}x; the forward is "
+          f"{100 * share:.0f}% of a plain update)", flush=True)
     return row
 
 

@@ -4,12 +4,13 @@ the model when the trainer is built (core/training/activation_checkpointing.py).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import Field, StrictStr, field_validator
 
 from embodichain.core.recipe.schema_base import Section
 
+T = TypeVar("T")
 ClassName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -27,3 +28,14 @@ class ActivationCheckpointingConfig(Section):
         if twice:
             raise ValueError(f"names {', '.join(twice)} more than once")
         return value
+
+
+def refuse_activation_checkpointing_problem(trainer: T) -> T:
+    """`trainer` (the `trainer` section), or a ValueError naming what
+    `activation_checkpointing` cannot run with: torch.compile traces the forward hooks'
+    checkpoint into graphs whose recomputation torch checks against another graph (and
+    refuses), so the two are not combined."""
+    if trainer.activation_checkpointing is not None and trainer.compile:
+        raise ValueError("trainer.activation_checkpointing is not available with "
+                         "trainer.compile: true; set one of them off")
+    return trainer

@@ -34,7 +34,10 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointingConfig
+from embodichain.core.recipe.activation_checkpointing_schema import (
+    ActivationCheckpointingConfig,
+    refuse_activation_checkpointing_problem,
+)
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
@@ -164,6 +167,10 @@ class TrainerConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @model_validator(mode="after")
+    def _activation_checkpointing_runs(self) -> TrainerConfig:
+        return refuse_activation_checkpointing_problem(self)
 
     @model_validator(mode="after")
     def _global_batch_divides(self) -> TrainerConfig:

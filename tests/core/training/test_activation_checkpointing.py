@@ -19,6 +19,7 @@ import torch
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.checkpoint.sharded import read_shard, shard_table
+from embodichain.core.deploy.trained import trained_model
 from embodichain.core.errors import UsageError
 from embodichain.core.recipe.schema import OptimizerConfig
 from embodichain.core.training.activation_checkpointing import checkpointed_modules
@@ -130,6 +131,33 @@ def test_validate_config_checks_the_key(tmp_path: Path, value: Any, words: str) 
     good = write_recipe(tmp_path / "g.yaml", tmp_path / "run", **RUN,
                         **{"trainer.activation_checkpointing": BLOCKS})
     assert invoke("validate-config", str(good)).exit_code == 0
+
+
+def test_compile_with_activation_checkpointing_is_refused(tmp_path: Path) -> None:
+    """Catches: trainer.compile with checkpointing let through to fail in the first update's
+    backward (torch's recomputation check) instead of at validation with the two keys."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **RUN, **{
+        "trainer.activation_checkpointing": BLOCKS, "trainer.compile": True})
+    result = invoke("validate-config", str(recipe))
+    assert result.exit_code == 2, result.output
+    assert "trainer.activation_checkpointing is not available with trainer.compile: true" in \
+        " ".join(result.output.split()), result.output
+
+
+def test_an_export_rebuilds_the_model_without_checkpointing(tmp_path: Path) -> None:
+    """A checkpointed run's checkpoint exported: the weights load into the plain model, and
+    the model rebuilt to act carries no checkpoint hooks (they would be traced into an
+    exported artifact). Catches: renamed weights, or the hooks left on the deployed model."""
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
+        **RUN, "trainer.max_updates": 2, "trainer.validate_every": 0, "trainer.ema": None,
+        "trainer.precision": "fp32", "trainer.activation_checkpointing": BLOCKS})
+    assert invoke("train-sl", "--config", str(recipe), "--no-progress").exit_code == 0
+    exported = tmp_path / "model.pt"
+    result = invoke("export", str(tmp_path / "run"), str(exported))
+    assert result.exit_code == 0, result.output
+    make_model(16).load_state_dict(torch.load(exported, weights_only=True))
+    rebuilt = trained_model(tmp_path / "run" / "last.pt").model
+    assert not any(m._forward_pre_hooks for m in rebuilt.modules())
 
 
 # -- 2 ranks: ddp and fsdp, with and without, across a resume --------------------------------
