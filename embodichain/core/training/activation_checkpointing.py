@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from torch import nn
 
 from embodichain.core.errors import UsageError
+from embodichain.core.observe.progress import log
 
 
 def checkpointed_modules(model: nn.Module, classes: Sequence[str]) -> list[tuple[str, nn.Module]]:
@@ -54,7 +55,10 @@ def apply_activation_checkpointing(model: nn.Module, classes: Sequence[str]) -> 
     chosen = checkpointed_modules(model, classes)
     for _, module in chosen:
         checkpoint(module, preserve_rng_state=True)  # dropout's masks replayed
-    return [name for name, _ in chosen]
+    names = [name for name, _ in chosen]
+    log.info("activation checkpointing: %d modules recompute their forward in the backward "
+             "(%s)", len(names), ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
+    return names
 
 
 __all__ = ["apply_activation_checkpointing", "checkpointed_modules"]

@@ -145,13 +145,17 @@ def test_compile_with_activation_checkpointing_is_refused(tmp_path: Path) -> Non
 
 
 def test_an_export_rebuilds_the_model_without_checkpointing(tmp_path: Path) -> None:
-    """A checkpointed run's checkpoint exported: the weights load into the plain model, and
-    the model rebuilt to act carries no checkpoint hooks (they would be traced into an
-    exported artifact). Catches: renamed weights, or the hooks left on the deployed model."""
+    """A checkpointed run says which modules it checkpoints, and its checkpoint exported:
+    the weights load into the plain model, and the model rebuilt to act carries no
+    checkpoint hooks (they would be traced into an exported artifact). Catches: renamed
+    weights, or the hooks left on the deployed model."""
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", **{
         **RUN, "trainer.max_updates": 2, "trainer.validate_every": 0, "trainer.ema": None,
         "trainer.precision": "fp32", "trainer.activation_checkpointing": BLOCKS})
-    assert invoke("train-sl", "--config", str(recipe), "--no-progress").exit_code == 0
+    trained = invoke("train-sl", "--config", str(recipe), "--no-progress")
+    assert trained.exit_code == 0, trained.output
+    assert "activation checkpointing: 2 modules recompute their forward in the backward " \
+        "(1, 2)" in trained.output
     exported = tmp_path / "model.pt"
     result = invoke("export", str(tmp_path / "run"), str(exported))
     assert result.exit_code == 0, result.output
