@@ -4,13 +4,12 @@ the model when the trainer is built (core/training/activation_checkpointing.py).
 
 from __future__ import annotations
 
-from typing import Annotated, TypeVar
+from typing import Annotated
 
-from pydantic import Field, StrictStr, field_validator
+from pydantic import AfterValidator, Field, StrictStr, ValidationInfo, field_validator
 
 from embodichain.core.recipe.schema_base import Section
 
-T = TypeVar("T")
 ClassName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -30,12 +29,15 @@ class ActivationCheckpointingConfig(Section):
         return value
 
 
-def refuse_activation_checkpointing_problem(trainer: T) -> T:
-    """`trainer` (the `trainer` section), or a ValueError naming what
-    `activation_checkpointing` cannot run with: torch.compile traces the forward hooks'
-    checkpoint into graphs whose recomputation torch checks against another graph (and
-    refuses), so the two are not combined."""
-    if trainer.activation_checkpointing is not None and trainer.compile:
-        raise ValueError("trainer.activation_checkpointing is not available with "
-                         "trainer.compile: true; set one of them off")
-    return trainer
+def _not_compiled(value: ActivationCheckpointingConfig | None, info: ValidationInfo
+                  ) -> ActivationCheckpointingConfig | None:
+    # torch.compile traces the forward hooks' checkpoint into graphs whose recomputation
+    # torch checks against another graph, and refuses: the two are not combined.
+    if value is not None and info.data.get("compile"):
+        raise ValueError("not available with trainer.compile: true; set one of them off")
+    return value
+
+
+# The `trainer` field (declared after `trainer.compile`, which it reads).
+ActivationCheckpointing = Annotated[ActivationCheckpointingConfig | None,
+                                    AfterValidator(_not_compiled)]

@@ -34,10 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from embodichain.core.recipe.activation_checkpointing_schema import (
-    ActivationCheckpointingConfig,
-    refuse_activation_checkpointing_problem,
-)
+from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointing
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
@@ -125,6 +122,8 @@ class TrainerConfig(Section):
     """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
     compile: bool = False
     """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
+    activation_checkpointing: ActivationCheckpointing = None
+    """`{modules: [ClassName, ...]}`: recomputed in the backward (R-OPS-4; docs/recipe.md)."""
     deterministic: bool = False
     """Reproducible CUDA training, run to run and across resume: torch's deterministic
     kernels only (an operation without one stops the run), cuDNN without its autotuner, a
@@ -157,9 +156,6 @@ class TrainerConfig(Section):
     state sharded over the ranks with FSDP2, each rank saving its own shard."""
     fsdp: FsdpConfig | None = None
     """Options of `strategy: fsdp` (null: the defaults)."""
-    activation_checkpointing: ActivationCheckpointingConfig | None = None
-    """Recompute the forward of the named module classes in the backward instead of keeping
-    their activations (R-OPS-4; null: keep them all). Training is the same, only slower."""
 
     @model_validator(mode="after")
     def _strategy_runs_these_settings(self) -> TrainerConfig:
@@ -167,10 +163,6 @@ class TrainerConfig(Section):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    @model_validator(mode="after")
-    def _activation_checkpointing_runs(self) -> TrainerConfig:
-        return refuse_activation_checkpointing_problem(self)
 
     @model_validator(mode="after")
     def _global_batch_divides(self) -> TrainerConfig:

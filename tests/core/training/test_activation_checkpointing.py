@@ -140,7 +140,7 @@ def test_compile_with_activation_checkpointing_is_refused(tmp_path: Path) -> Non
         "trainer.activation_checkpointing": BLOCKS, "trainer.compile": True})
     result = invoke("validate-config", str(recipe))
     assert result.exit_code == 2, result.output
-    assert "trainer.activation_checkpointing is not available with trainer.compile: true" in \
+    assert "trainer.activation_checkpointing: not available with trainer.compile: true" in \
         " ".join(result.output.split()), result.output
 
 
