@@ -109,7 +109,9 @@ class SupervisedTrainer:
                                ema_decay=t.ema.decay if t.ema is not None else None,
                                strategy=t.strategy, shard_blocks=shard_blocks,
                                reshard_after_forward=t.fsdp is None
-                               or t.fsdp.reshard_after_forward)
+                               or t.fsdp.reshard_after_forward,
+                               activation_checkpointing=t.activation_checkpointing.modules
+                               if t.activation_checkpointing is not None else ())
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler, self.loader = data_of(config, source, device)
