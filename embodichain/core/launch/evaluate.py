@@ -21,7 +21,11 @@ from typing import Any
 from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointError, UsageError
-from embodichain.core.evaluation.admission import check_overrides, refuse_demonstration_seeds
+from embodichain.core.evaluation.admission import (
+    check_overrides,
+    refuse_demonstration_seeds,
+    warn_unknown_seeds,
+)
 from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
 from embodichain.core.evaluation.seed_ranges import judged_seeds
@@ -32,9 +36,11 @@ from embodichain.core.recipe.loading import Recipe, for_world_size, validate_rec
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
 from embodichain.core.training.model_facts import (
+    DEMONSTRATION_SEEDS_UNKNOWN,
     demonstration_seeds,
     rebuilding_to_act,
     run_record,
+    unknown_seeds,
 )
 
 
@@ -48,6 +54,8 @@ class Target:
     out: str
     ema: bool
     model_facts: dict[str, Any] | None = None
+    unknown_seeds: str | None = None
+    """Why the demonstrations' seeds are unknown (the evaluation seeds went unchecked)."""
 
 
 def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
@@ -91,7 +99,7 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
     return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema,
-                  run_record(run))
+                  run_record(run), unknown_seeds(run))
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
@@ -105,6 +113,9 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
         "eval/target", lambda: find_target(target, out, asked, ema).__dict__))
     overrides, role = judged_seeds(EvaluationConfig.model_validate(
         found.config["evaluation"]), asked, found.checkpoint)  # the test seeds by default
+    if process_group.env_rank() == 0:
+        warn_unknown_seeds(overrides.seed, overrides.episodes, found.unknown_seeds,
+                           found.checkpoint)
     # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
     with rebuilding_to_act(found.model_facts):  # the recipe's data need not be there
         recipe: Recipe = for_world_size(validate_recipe(
@@ -137,5 +148,7 @@ def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
              "environment": evaluation["env"].get("id") or evaluation["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
              "weights": "ema" if found.ema else "model",
-             "world_size": world_size}
+             "world_size": world_size,
+             **({DEMONSTRATION_SEEDS_UNKNOWN: found.unknown_seeds} if found.unknown_seeds
+                else {})}
     (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

@@ -76,6 +76,7 @@ OPTIONAL_TRAINER_KEYS = (
     ("async_save", "true", "write checkpoints on a background thread"),
     ("save_every_s", "null", "also write last.pt every this many seconds"),
     ("on_nonfinite", "stop", "stop | skip an update whose loss is not finite"),
+    ("skip_guard", "copy", "copy | sync: how a GPU skips an update (non-fused optimizers)"),
     ("deterministic", "false", "deterministic kernels (CUDA run-to-run reproducibility)"),
 )
 
