@@ -16,6 +16,7 @@ from embodichain.core.data.micro_batches import TimedLoads
 from embodichain.core.data.mixture import part_counts
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
+from embodichain.core.distributed.hang_watch import HangWatch, NoWatch, watch_collectives
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
@@ -24,6 +25,7 @@ from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
+from embodichain.core.runs.commands import resume_command
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
@@ -117,6 +119,7 @@ class SupervisedTrainer:
         self.validation = Validation(self, self._record)
         self.figures = UpdateFigures(self, self._record)  # what an update's figures ask for
         self.validation_due = False
+        self.hang_watch: HangWatch | NoWatch = NoWatch()  # bounds each update (R-OPS-1)
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
         self.run_opener: Callable[[SupervisedTrainer, bool, StopRequest | None],
@@ -173,6 +176,7 @@ class SupervisedTrainer:
                 if self._save_if_due(run.directory, save_due):
                     saved_at = self.step
                 progress.update(self.step)
+            self.hang_watch.close()  # the end's save waits for rank 0's writes, not a peer
             if saved_at != self.step:
                 self.save(run.directory / LAST)
             # The end, a stop signal: the snapshot is complete before anyone is told so.
@@ -188,6 +192,7 @@ class SupervisedTrainer:
                                            run.directory, process_group.world_size(),
                                            exc) from exc
         finally:
+            self.hang_watch.close()
             progress.close()
             self.checkpoints.settle()  # every exit path waits for the save in flight
         self._end(stopping, run.directory, rank_zero)
@@ -202,6 +207,8 @@ class SupervisedTrainer:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
         self.figures.lagged = None
+        self.hang_watch = watch_collectives(t.collective_timeout, directory, resume_command(
+            directory, process_group.world_size()))
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -219,7 +226,8 @@ class SupervisedTrainer:
         if not every or self.step % every:
             return stopping
         self.validation_due = self.validation.configured
-        return stopping or self.validation(progress, stop)
+        with self.hang_watch.paused():  # the others may wait for rank 0's evaluation
+            return stopping or self.validation(progress, stop)
 
     def _save_if_due(self, directory: Path, time_due: bool) -> bool:
         """The step file of `trainer.save_every`, else last.pt when `save_every_s` elapsed
@@ -250,6 +258,7 @@ class SupervisedTrainer:
         its data ride its all-reduce. The wait counts the update's loading wherever it
         happens: before the update, and each micro-batch read as the learner reaches it
         (under G one micro-batch is loaded at a time, inside the update)."""
+        self.hang_watch.progress(self.step + 1)
         with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
@@ -282,7 +291,8 @@ class SupervisedTrainer:
         Collective: every rank must call it, except from a validation callback on rank 0,
         where it writes the state committed before validation without any collective.
         """
-        return self.checkpoints.save(self, Path(path))
+        with self.hang_watch.paused():  # the others may wait for rank 0's writes
+            return self.checkpoints.save(self, Path(path))
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""
