@@ -38,7 +38,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -67,9 +67,10 @@ class HangWatch:
     """The watch of one rank's training loop; `progress` at each update, `paused` around
     rank 0's work, `close` when the loop ends."""
 
-    def __init__(self, timeout_s: float, directory: Path, resume: str, store: Any,
-                 prefix: str) -> None:
+    def __init__(self, timeout_s: float, directory: Path, resume: str,
+                 continue_from: Callable[[], str], store: Any, prefix: str) -> None:
         self.timeout_s, self.directory, self.resume = timeout_s, directory, resume
+        self.continue_from = continue_from  # which snapshot resume continues from, said
         self._store, self._prefix = store, prefix
         self.rank, self.world_size = process_group.rank(), process_group.world_size()
         self.update = 0
@@ -165,8 +166,6 @@ class HangWatch:
 
     def _report(self, answers: dict[int, dict[str, Any]]) -> None:
         """As the reporting rank: every rank's stack file, then the message."""
-        from embodichain.core.runs.snapshots import where_to_continue
-
         missing = not_arrived(answers, self.world_size, self._origins(answers))
         for rank in range(self.world_size):
             if stack_file(self.directory, rank).exists():
@@ -174,7 +173,7 @@ class HangWatch:
             write_stack(self.directory, rank, answers[rank]["stack"] if rank in answers
                         else missing_stack(rank, missing[rank], self.rank))
         said = message(answers, missing, self.rank, self.timeout_s, self.directory,
-                       where_to_continue(self.directory), self.resume)
+                       self.continue_from(), self.resume)
         _say(said if self.rank == 0 else f"[rank {self.rank}] {said}")
         self._set("spoken", str(self.rank))
 
@@ -224,14 +223,16 @@ class NoWatch:
         pass
 
 
-def watch_collectives(timeout_s: float, directory: Path, resume: str) -> HangWatch | NoWatch:
+def watch_collectives(timeout_s: float, directory: Path, resume: str,
+                      continue_from: Callable[[], str]) -> HangWatch | NoWatch:
     """The watch of this rank's training loop (started), with torch's own collective
-    timeout kept at least `BACKSTOP_S` longer than `timeout_s`."""
+    timeout kept at least `BACKSTOP_S` longer than `timeout_s`. `resume`: the command that
+    continues the run; `continue_from()`: which snapshot it continues from."""
     store, prefix = process_group.group_store()
     if not process_group.is_distributed() or store is None:
         return NoWatch()
     _keep_torch_timeout_behind(timeout_s)
-    return HangWatch(timeout_s, directory, resume, store, prefix)
+    return HangWatch(timeout_s, directory, resume, continue_from, store, prefix)
 
 
 def _keep_torch_timeout_behind(timeout_s: float) -> None:

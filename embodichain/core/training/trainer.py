@@ -192,9 +192,7 @@ class SupervisedTrainer:
                                            run.directory, process_group.world_size(),
                                            exc) from exc
         finally:
-            self.hang_watch.close()
-            progress.close()
-            self.checkpoints.settle()  # every exit path waits for the save in flight
+            self._wind_down(progress)
         self._end(stopping, run.directory, rank_zero)
         return dict(self.last_metrics)
 
@@ -208,7 +206,7 @@ class SupervisedTrainer:
                                        self.step, directory)
         self.figures.lagged = None
         self.hang_watch = watch_collectives(t.collective_timeout, directory, resume_command(
-            directory, process_group.world_size()))
+            directory, process_group.world_size()), lambda: where_to_continue(directory))
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -216,6 +214,12 @@ class SupervisedTrainer:
             self.validation.show(progress, self.last_metrics)
         return progress, DataPace(t.batch_size * t.grad_accumulation
                                   * process_group.world_size())
+
+    def _wind_down(self, progress: ProgressReporter) -> None:
+        """Every exit path: the watch ends, the bar closes, the save in flight is awaited."""
+        self.hang_watch.close()
+        progress.close()
+        self.checkpoints.settle()
 
     def _validate_if_due(self, progress: ProgressReporter, stop: StopRequest | None,
                          stopping: int | None) -> int | None:
