@@ -22,6 +22,8 @@ from embodichain.core.distributed.hang_report import (
 )
 from embodichain.core.distributed.hang_watch import HangWatch
 from embodichain.core.recipe.durations import seconds_of
+from embodichain.core.recipe.schema import FrameworkConfig
+from embodichain.core.runs.resume_policy import config_differences
 from tests.support.cli import invoke
 from tests.support.recipes import write_recipe
 
@@ -63,6 +65,20 @@ def test_validate_config_refuses_a_bad_collective_timeout_naming_the_key(tmp_pat
     result = invoke("validate-config", str(bad))
     assert result.exit_code == 2, result.output
     assert "trainer.collective_timeout" in result.output and "'3 minutes'" in result.output
+
+
+def test_a_checkpoint_from_before_the_key_resumes_and_the_key_may_change() -> None:
+    """Catches the new key making older checkpoints unresumable, or a changed timeout
+    refused on resume (it says when a hang is declared, not what is trained)."""
+    current = FrameworkConfig.model_validate({
+        "factory": "sl_ddp", "trainer": {"batch_size": 4, "max_updates": 5, "output_dir": "o"},
+        "optimizer": {"name": "adam", "lr": 0.001}}).model_dump(mode="json")
+    assert current["trainer"]["collective_timeout"] == 300.0
+    older = {**current, "trainer": {k: v for k, v in current["trainer"].items()
+                                    if k != "collective_timeout"}}
+    assert config_differences(older, current, 0) == []
+    longer = {**current, "trainer": {**current["trainer"], "collective_timeout": 1800.0}}
+    assert config_differences(current, longer, 0) == []
 
 
 def test_the_rank_that_does_not_answer_is_named_with_its_process() -> None:
