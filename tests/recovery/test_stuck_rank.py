@@ -40,7 +40,7 @@ pytestmark = pytest.mark.slow  # each test launches torchrun workers
 TIMEOUT_S = 4  # trainer.collective_timeout of the frozen run
 FREEZE_AT = 45  # rank 1 stops inside this update; the last snapshot is update 40
 FROZE = "[test] SIGSTOP rank 1 in update 45"
-HANGS = "training hangs: update 45 waited more than trainer.collective_timeout (4 s)"
+HANGS = "error: training hangs: update 45 waited more than trainer.collective_timeout (4 s)"
 
 
 def _seen(out: Path, text: str, proc: subprocess.Popen, deadline: float) -> float:
@@ -97,7 +97,7 @@ def test_a_frozen_rank_is_named_with_every_stack_and_the_run_resumes_exactly(
         _end_everything(proc, workers)
     printed = out.read_text()
     assert printed.count("training hangs:") == 1, printed
-    line = next(x for x in printed.splitlines() if x.startswith("training hangs:"))
+    line = next(x for x in printed.splitlines() if x.startswith(HANGS))
     assert "Rank 1 did not arrive: rank 1 does not answer (pid " in line, line
     assert "state T (stopped)" in line, line
     assert "Rank 0 was waiting at torch/" in line, line  # in the all-reduce, inside torch

@@ -144,8 +144,7 @@ def missing_stack(rank: int, why: str, reporter: int) -> str:
 
 
 def message(answers: Mapping[int, Mapping[str, Any]], missing: Mapping[int, str],
-            reporter: int, timeout_s: float, directory: Path, continue_from: str,
-            resume: str) -> str:
+            reporter: int, timeout_s: float, directory: Path, where_next: str) -> str:
     """The one message of a hang, said by `reporter` (rank 0 when it answers)."""
     mine = answers[reporter]
     if missing:
@@ -158,5 +157,4 @@ def message(answers: Mapping[int, Mapping[str, Any]], missing: Mapping[int, str]
     return (f"training hangs: update {mine['update']} waited more than "
             f"trainer.collective_timeout ({timeout_s:g} s) for the other ranks. {who}. "
             f"Rank {reporter} was waiting at {describe(mine['where'])}. Each rank's stack: "
-            f"{directory / HANG_DIR}/rank_N.txt. {continue_from[:1].upper()}"
-            f"{continue_from[1:]}; continue with: {resume}")
+            f"{directory / HANG_DIR}/rank_N.txt. {where_next[:1].upper()}{where_next[1:]}")

@@ -67,10 +67,10 @@ class HangWatch:
     """The watch of one rank's training loop; `progress` at each update, `paused` around
     rank 0's work, `close` when the loop ends."""
 
-    def __init__(self, timeout_s: float, directory: Path, resume: str,
-                 continue_from: Callable[[], str], store: Any, prefix: str) -> None:
-        self.timeout_s, self.directory, self.resume = timeout_s, directory, resume
-        self.continue_from = continue_from  # which snapshot resume continues from, said
+    def __init__(self, timeout_s: float, directory: Path, where_next: Callable[[], str],
+                 record: Callable[[int, str], None], store: Any, prefix: str) -> None:
+        self.timeout_s, self.directory = timeout_s, directory
+        self.where_next, self.record = where_next, record  # see watch_collectives
         self._store, self._prefix = store, prefix
         self.rank, self.world_size = process_group.rank(), process_group.world_size()
         self.update = 0
@@ -173,8 +173,9 @@ class HangWatch:
             write_stack(self.directory, rank, answers[rank]["stack"] if rank in answers
                         else missing_stack(rank, missing[rank], self.rank))
         said = message(answers, missing, self.rank, self.timeout_s, self.directory,
-                       self.continue_from(), self.resume)
-        _say(said if self.rank == 0 else f"[rank {self.rank}] {said}")
+                       self.where_next())
+        self.record(self.update, said)
+        _say(f"error: {said}" if self.rank == 0 else f"[rank {self.rank}] error: {said}")
         self._set("spoken", str(self.rank))
 
     def _origins(self, answers: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -223,16 +224,17 @@ class NoWatch:
         pass
 
 
-def watch_collectives(timeout_s: float, directory: Path, resume: str,
-                      continue_from: Callable[[], str]) -> HangWatch | NoWatch:
+def watch_collectives(timeout_s: float, directory: Path, where_next: Callable[[], str],
+                      record: Callable[[int, str], None]) -> HangWatch | NoWatch:
     """The watch of this rank's training loop (started), with torch's own collective
-    timeout kept at least `BACKSTOP_S` longer than `timeout_s`. `resume`: the command that
-    continues the run; `continue_from()`: which snapshot it continues from."""
+    timeout kept at least `BACKSTOP_S` longer than `timeout_s`. `where_next()`: the
+    snapshot to continue from and the command that does, the message's last sentence;
+    `record(update, message)`: the reporting rank keeps the run's failure."""
     store, prefix = process_group.group_store()
     if not process_group.is_distributed() or store is None:
         return NoWatch()
     _keep_torch_timeout_behind(timeout_s)
-    return HangWatch(timeout_s, directory, resume, continue_from, store, prefix)
+    return HangWatch(timeout_s, directory, where_next, record, store, prefix)
 
 
 def _keep_torch_timeout_behind(timeout_s: float) -> None:

@@ -16,7 +16,7 @@ from embodichain.core.data.micro_batches import TimedLoads
 from embodichain.core.data.mixture import part_counts
 from embodichain.core.data.source import Source
 from embodichain.core.distributed import process_group
-from embodichain.core.distributed.hang_watch import HangWatch, NoWatch, watch_collectives
+from embodichain.core.distributed.hang_watch import HangWatch, NoWatch
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
@@ -25,7 +25,6 @@ from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
-from embodichain.core.runs.commands import resume_command
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
@@ -39,7 +38,7 @@ from embodichain.core.training.model_facts import recorded
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
-from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
+from embodichain.core.training.stops import hang_watch, peer_gone, stopped, stopped_without_snapshot
 from embodichain.core.training.validating import Validation, validation_setup
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
@@ -205,8 +204,7 @@ class SupervisedTrainer:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
         self.figures.lagged = None
-        self.hang_watch = watch_collectives(t.collective_timeout, directory, resume_command(
-            directory, process_group.world_size()), lambda: where_to_continue(directory))
+        self.hang_watch = hang_watch(t.collective_timeout, directory, process_group.world_size())
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:

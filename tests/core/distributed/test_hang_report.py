@@ -120,8 +120,8 @@ def test_the_message_names_ranks_update_place_and_how_to_continue(tmp_path: Path
     files or the command that continues."""
     answers = {0: _answer(45)}
     missing = {1: "does not answer (pid 7 on n1): no stack from it"}
-    said = message(answers, missing, 0, 4.0, tmp_path, "the last snapshot is X/last.pt",
-                   "torchrun ... resume X")
+    said = message(answers, missing, 0, 4.0, tmp_path,
+                   "the last snapshot is X/last.pt; continue with: torchrun ... resume X")
     assert said.startswith("training hangs: update 45 waited more than "
                            "trainer.collective_timeout (4 s) for the other ranks. Rank 1 did "
                            "not arrive: rank 1 does not answer (pid 7 on n1)")
@@ -172,8 +172,8 @@ def _watch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeout_s: float
 
     monkeypatch.setattr(hang_watch.os, "_exit", exit_here)
     store = _Store()
-    watches.append(HangWatch(timeout_s, tmp_path, "embodichain resume RUN",
-                             lambda: "no snapshot was saved yet", store, "p/"))
+    watches.append(HangWatch(timeout_s, tmp_path, lambda: "no snapshot was saved yet",
+                             lambda update, said: None, store, "p/"))
     return watches[0], store, ended
 
 
@@ -213,7 +213,7 @@ def test_the_watch_fires_after_the_timeout_but_not_in_the_first_update_or_a_paus
     assert {"p/hang/origin_0", "p/hang/rank_0", "p/hang/alarm", "p/hang/spoken"} <= set(
         store.values)
     said = capsys.readouterr().err
-    assert said.startswith("training hangs: update 2 waited more than "
+    assert said.startswith("error: training hangs: update 2 waited more than "
                            "trainer.collective_timeout (0.4 s)"), said
 
 
