@@ -230,3 +230,21 @@ def test_another_ranks_alarm_makes_this_rank_write_its_stack(
     finally:
         watch.close()
     assert (tmp_path / "hang" / "rank_0.txt").exists()
+
+
+def test_torchs_own_timeout_stays_behind_a_longer_collective_timeout(tmp_path: Path) -> None:
+    """Catches gloo's 30 minutes (NCCL's 10) ending a run whose collective_timeout is
+    longer before the watch can name the stuck rank."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0,
+                            world_size=1)
+    try:
+        gloo = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        hang_watch._keep_torch_timeout_behind(60.0)  # shorter than torch's own: kept
+        assert gloo.options._timeout.total_seconds() == 1800
+        hang_watch._keep_torch_timeout_behind(3600.0)
+        assert gloo.options._timeout.total_seconds() == 3600 + hang_watch.BACKSTOP_S
+    finally:
+        dist.destroy_process_group()
