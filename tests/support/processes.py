@@ -34,11 +34,25 @@ WORKERS_FRESH = "warm, workers fresh"  # the start of a LAUNCHES key that `launc
 
 
 def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test launches: this one's, with one thread per
+    process, unbuffered output and `extra`. A `PYTHONPATH` in `extra` comes first and the
+    caller's follows it (its entries not repeated): replacing it could make the launched
+    process import another installed copy of the project than the one under test."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
+    if "PYTHONPATH" in extra:
+        extra = {**extra, "PYTHONPATH": pythonpath_before(extra["PYTHONPATH"],
+                                                          os.environ.get("PYTHONPATH", ""))}
     env.update(extra)
     return env
+
+
+def pythonpath_before(first: str, callers: str) -> str:
+    """`first`'s entries, then those of `callers` not among them (empty entries dropped)."""
+    entries = [e for e in first.split(os.pathsep) if e]
+    entries += [e for e in callers.split(os.pathsep) if e and e not in entries]
+    return os.pathsep.join(entries)
 
 
 def factories_env(**extra: str) -> dict[str, str]:

@@ -94,14 +94,14 @@ class HangWatch:
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """Rank 0's work (a validation, a save): not counted; the update's time restarts."""
+        """Rank 0's work (a validation, a save): not counted, nor anything after it until
+        the next update starts (the end's save and its wait for rank 0's writes)."""
         self._pauses += 1
         try:
             yield
         finally:
             self._pauses -= 1
-            if self._since is not None:
-                self._since = time.monotonic()
+            self._since = None
 
     def close(self) -> None:
         self._closed.set()

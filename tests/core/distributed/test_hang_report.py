@@ -204,16 +204,18 @@ def test_the_watch_fires_after_the_timeout_but_not_in_the_first_update_or_a_paus
         watch.progress(2)
         with watch.paused():  # a validation or a save
             assert not ended.wait(0.8)
+        assert not ended.wait(0.8)  # after it (the end's save), until the next update starts
+        watch.progress(3)
         assert ended.wait(5.0), "the watch never fired"
     finally:
         watch.close()
     text = (tmp_path / "hang" / "rank_0.txt").read_text()
-    assert text.startswith("rank 0 of 1, update 2, pid ")
+    assert text.startswith("rank 0 of 1, update 3, pid ")
     assert "in test_the_watch_fires_after_the_timeout" in text  # where the loop waited
     assert {"p/hang/origin_0", "p/hang/rank_0", "p/hang/alarm", "p/hang/spoken"} <= set(
         store.values)
     said = capsys.readouterr().err
-    assert said.startswith("error: training hangs: update 2 waited more than "
+    assert said.startswith("error: training hangs: update 3 waited more than "
                            "trainer.collective_timeout (0.4 s)"), said
 
 

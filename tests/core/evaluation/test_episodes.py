@@ -302,3 +302,40 @@ def test_metrics_are_means_over_the_episode_records() -> None:
                        "validation/return": pytest.approx(-6.0 / 3),
                        "validation/episode_length": pytest.approx(15 / 3),
                        "validation/episode_failures": 1.0}
+
+
+class CountingResets(Gain):
+    """`Gain`, counting the episodes started in its slots (`reset`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets = 0
+
+    def reset(self, env_index: int) -> None:
+        self.resets += 1
+
+
+def test_no_episode_starts_once_a_stop_is_asked() -> None:
+    """Catches the scheduler ignoring the stop flag (R-EVAL-4): with a stop asked as the
+    first of 4 episodes ends, the next one must not start (its reset would run a simulator
+    for an episode that is dropped anyway, delaying the snapshot the stop waits for). One
+    slot, in this process: the first episode's record alone, and one reset."""
+    spec = EnvSpec(constructor=REACH, kwargs={})
+    facts = check_buildable(spec)
+    made = make_slots(spec, 1, "sync")
+    policy = CountingResets()
+    runner: EpisodeRunner | None = None
+
+    def stop_flag() -> int:
+        return int(runner is not None and len(runner.outcomes) >= 1)
+
+    try:
+        runner = EpisodeRunner(made, policy, Plan(range(4), 100, 12, 30.0, 0, 10),
+                               (facts.observation_space, facts.action_space), default_success,
+                               stop_flag=stop_flag)
+        found = runner.run()
+    finally:
+        for slot in made:
+            slot.close()
+    assert [o.record["episode"] for o in found] == [0] and runner.interrupted == 1
+    assert policy.resets == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -193,3 +194,53 @@ def test_a_policy_judged_on_other_observations_than_it_reads_is_refused() -> Non
             check_evaluation(bad, task)
     check_evaluation(config(["top"], task.gym_aloha_id, obs_type="pixels_agent_pos"), task)
     check_evaluation(config([], task.gym_id, task="transfer_cube"), task)
+
+
+def test_the_backbone_standardises_images_with_imagenets_statistics() -> None:
+    """Catches the image multiplied by the std instead of divided (or the mean left in): an
+    image of ImageNet's mean plus one std in each channel reaches the first convolution as
+    ones, and one of the mean as zeros."""
+    from embodichain_models.policies.aloha.backbone import (
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        ResNetEncoder,
+    )
+
+    encoder = ResNetEncoder(4, 8, (32, 32))
+    seen: list[torch.Tensor] = []
+    encoder.stem[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1).expand(2, 3, 32, 32)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    with torch.no_grad():
+        tokens = encoder(torch.cat([mean[:1] + std, mean[1:]]))
+    assert tokens.shape == (2, 1, 8)
+    assert torch.allclose(seen[0][0], torch.ones(3, 32, 32), atol=1e-6)
+    assert torch.allclose(seen[0][1], torch.zeros(3, 32, 32), atol=1e-6)
+
+
+def test_a_camera_policy_asked_for_another_camera_than_the_top_one_is_refused() -> None:
+    """Catches the refusal of a camera policy evaluated with another camera than the one
+    gym-aloha's `pixels_agent_pos` gives (the top one) dropped: a policy recorded from
+    `left_wrist` would be judged on the top camera's frames (or fail every episode on a
+    missing key). Refused by the recipe's check, naming data.cameras, and by the
+    environment."""
+    from types import SimpleNamespace
+
+    from embodichain_models.policies.aloha.data import check_evaluation
+    from embodichain_models.policies.aloha.env import AlohaEnv
+    from embodichain_models.policies.aloha.tasks import TASKS
+
+    from embodichain.learning.sl import UsageError
+
+    task = TASKS["transfer_cube"]
+
+    def config(cameras: list[str]) -> SimpleNamespace:
+        env = SimpleNamespace(id=task.gym_aloha_id, kwargs={"obs_type": "pixels_agent_pos"})
+        return SimpleNamespace(data=SimpleNamespace(cameras=cameras),
+                               evaluation=SimpleNamespace(env=env, videos=0))
+
+    for cameras in (["left_wrist"], ["top", "angle"]):
+        with pytest.raises(UsageError, match=re.escape(f"data.cameras {cameras}: a camera")):
+            check_evaluation(config(cameras), task)
+    with pytest.raises(ValueError, match="top camera, not cameras \\['left_wrist'\\]"):
+        AlohaEnv(obs_type="pixels_agent_pos", cameras=["left_wrist"])

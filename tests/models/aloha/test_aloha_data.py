@@ -86,3 +86,85 @@ def test_a_camera_is_recorded_as_video_of_the_replayed_frames(recorders, tmp_pat
         recorder.scene.step(action)
     truth = torch.from_numpy(recorder.render("top", size)).permute(2, 0, 1).float() / 255
     assert (image - truth).abs().mean() < 0.05
+
+
+def _numbered_dataset(root: Path, cameras: tuple[str, ...] = (),
+                      size: tuple[int, int] = (48, 64), frames: int = 6) -> Path:
+    """Two made-up transfer-cube episodes whose every value at frame t of episode e is
+    100 e + t (camera frames black): which frame a feature was read from shows in it."""
+    from embodichain_models.data.lerobot.writer import EpisodeData
+
+    task = TASKS["transfer_cube"]
+    episodes = []
+    for e in range(2):
+        t = (np.arange(frames, dtype=np.float32) + 100 * e)[:, None]
+        values = {"observation.state": t.repeat(len(JOINT_NAMES), 1),
+                  "observation.environment_state": t.repeat(len(task.env_state_names), 1),
+                  "action": t.repeat(len(JOINT_NAMES), 1)}
+        for camera in cameras:
+            values[f"observation.images.{camera}"] = np.zeros((frames, *size, 3), np.uint8)
+        episodes.append(EpisodeData(task.text, values))
+    write_dataset(root, episodes, features(task, cameras, size), 50, robot_type="aloha")
+    return root
+
+
+def _act_config(root: Path, cameras: list[str], chunk: int = 3, val_episodes: int = 1):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(data=SimpleNamespace(task="transfer_cube", root=root,
+                                                cameras=cameras, chunk=chunk,
+                                                val_episodes=val_episodes,
+                                                identity="metadata"))
+
+
+def test_the_action_chunk_starts_at_the_frames_own_action(tmp_path: Path) -> None:
+    """Catches the chunk's timestamps starting one step late (`delta_timestamps` from 1/fps
+    instead of 0): ACT's chunk at frame t is the actions of frames t .. t + chunk - 1, the
+    first one the action the policy executes at t. Frame 1 of the held-out episode (1)
+    reads actions 101, 102, 103."""
+    from embodichain_models.policies.aloha.data import act_data
+
+    data = act_data(_act_config(_numbered_dataset(tmp_path / "numbered"), []))
+    assert data.held_out is not None
+    example = data.held_out[1]
+    assert example["observation.state"][0].item() == 101
+    assert example["action"][:, 0].tolist() == [101, 102, 103]
+
+
+def test_frames_whose_width_does_not_divide_the_cameras_are_refused(tmp_path: Path) -> None:
+    """Catches the frame-size check reduced to the height: frames of 48x60 (480 / 48 is
+    whole, 640 / 60 is not) cannot be averaged down from the camera's 480x640 by whole
+    blocks, so a dataset of them is refused naming the size, and so is `prepare --size
+    480x600`; 48x64 and 240x320 are taken."""
+    import argparse
+
+    from embodichain_models.policies.aloha.data import act_data
+    from embodichain_models.policies.aloha.prepare import parse_size
+
+    from embodichain.learning.sl import UsageError
+
+    root = _numbered_dataset(tmp_path / "narrow", ("top",), (48, 60), frames=2)
+    with pytest.raises(UsageError, match="holds 'top' frames of 48x60, not a whole fraction"):
+        act_data(_act_config(root, ["top"], val_episodes=0))
+    with pytest.raises(argparse.ArgumentTypeError, match="480x600"):
+        parse_size("480x600")
+    assert parse_size("240x320") == (240, 320)
+    root = _numbered_dataset(tmp_path / "whole", ("top",), (48, 64), frames=2)
+    assert act_data(_act_config(root, ["top"], val_episodes=0)).image_sizes == \
+        {"top": (48, 64)}
+
+
+def test_recorded_frames_are_averaged_down_rounded_as_the_policy_sees_them() -> None:
+    """Catches frames truncated instead of rounded when `prepare --size` averages them down
+    (`record.downsample`): the dataset's frame must be what the policy's `frames_in`
+    computes of the camera's frame, to the uint8 step (within half of it); truncating
+    darkens most pixels by up to one step. 2x2 blocks of 0, 1, 1, 1 average to 0.75: 1."""
+    from embodichain_models.policies.aloha.backbone import frames_in
+    from embodichain_models.policies.aloha.record import downsample
+
+    assert downsample(np.array([[0, 1], [1, 1]], np.uint8)[..., None].repeat(3, -1),
+                      (1, 1)).tolist() == [[[1, 1, 1]]]
+    frame = np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    stored = torch.from_numpy(downsample(frame, (12, 16))).permute(2, 0, 1).float() / 255
+    seen = frames_in(torch.from_numpy(frame)[None], (12, 16))[0]
+    assert (stored - seen).abs().max().item() <= 0.5 / 255 + 1e-6

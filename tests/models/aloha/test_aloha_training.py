@@ -267,3 +267,28 @@ def test_the_packaged_recipe_is_the_transfer_cube_example() -> None:
     from tests.models.aloha.helpers import EXAMPLE
 
     assert yaml.safe_load(recipe_text("aloha_act")) == yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_the_recipes_best_metric_is_the_success_rate_higher_is_better() -> None:
+    """Catches the recipe's best metric direction flipped (`min`): best.pt, the summary's
+    best, early stopping and `runs` would keep the policy that succeeds least. The example
+    recipe's trainer, rebuilt only to act (no dataset), ranks a success rate of 0.9 above
+    0.5."""
+    import yaml
+
+    from embodichain.core.training.model_facts import rebuilding_to_act
+    from embodichain.learning.sl import build_trainer, distributed_run, load_recipe
+    from tests.models.aloha.helpers import EXAMPLE
+
+    sizes = (("observation.state", 14), ("observation.environment_state", 7), ("action", 14))
+    facts = {"stats": {k: {"mean": [0.0] * d, "std": [1.0] * d} for k, d in sizes},
+             "fps": 50, "env_dim": 7, "image_sizes": {}}
+    raw = yaml.safe_load(EXAMPLE.read_text())
+    raw.pop("evaluation")  # the factory's choice stands without it (no simulator to build)
+    with rebuilding_to_act(facts):
+        recipe = load_recipe(raw, ["device=cpu", "model.hidden=16", "model.heads=2",
+                                   "model.feedforward=32", "data.chunk=5"])
+        with distributed_run("cpu") as device:
+            trainer = build_trainer(recipe, device)
+    assert (trainer.best.metric, trainer.best.mode) == ("validation/success_rate", "max")
+    assert trainer.best.improves(0.9, 0.5) and not trainer.best.improves(0.5, 0.9)

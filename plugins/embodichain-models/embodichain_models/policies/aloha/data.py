@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from embodichain.learning.sl import DatasetSource, UsageError
+from embodichain.learning.sl import DatasetSource, UnknownSeeds, UsageError
 from embodichain_models.data.lerobot import lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
@@ -35,8 +35,8 @@ class ActData:
     fps: int
     env_dim: int
     image_sizes: dict[str, tuple[int, int]]
-    seeds: list[int]
-    """The environment seeds of the demonstrations (`meta/aloha.json`; [] if not recorded)."""
+    seeds: list[int] | UnknownSeeds
+    """The environment seeds of the demonstrations (`meta/aloha.json`; unknown without it)."""
 
 
 def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
@@ -135,11 +135,12 @@ def act_data(config: ActConfig) -> ActData:
                    demonstration_seeds(data.root))
 
 
-def demonstration_seeds(root: Any) -> list[int]:
-    """The seeds `prepare` recorded the dataset's demonstrations with (its INFO_FILE)."""
+def demonstration_seeds(root: Any) -> list[int] | UnknownSeeds:
+    """The seeds `prepare` recorded the dataset's demonstrations with (its INFO_FILE);
+    unknown where the dataset has no such file (copied without it, or another recorder's)."""
     info = Path(root) / INFO_FILE
     if not info.is_file():
-        return []
+        return UnknownSeeds(f"{info} is missing; `prepare` writes the seeds there")
     try:
         seeds = json.loads(info.read_text()).get("seeds") or []
         return [int(s) for s in seeds]

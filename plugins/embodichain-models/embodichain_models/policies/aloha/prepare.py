@@ -23,10 +23,11 @@ episode.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from embodichain.learning.sl import UsageError
@@ -74,10 +75,12 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequence[str] = (),
             size: tuple[int, int] = (480, 640), overwrite: bool = False,
-            max_attempts: int | None = None, log=print) -> dict:
+            max_attempts: int | None = None, log=print, progress: bool = True) -> dict:
     """Record `episodes` demonstrations of `task` that finish the task at `out`; returns
     what was done (seeds, attempts, the expert's field success and finish rates, seconds
-    per episode)."""
+    per episode). `progress`: the cameras' rendering and encoding show their progress
+    (episodes rendered, frames/s, time left: a rich line on a terminal, else a line every
+    30 s)."""
     from embodichain_models.data.lerobot.writer import write_dataset
     from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
 
@@ -110,9 +113,11 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
     frame_bytes = size[0] * size[1] * 3 * EPISODE_STEPS * max(len(cameras), 1)
     per_file = max(1, min(50, IMAGE_BYTES_PER_FILE // frame_bytes)) if cameras else 50
     start = time.perf_counter()
-    write_dataset(out, LazyEpisodes(recorder, kept, cameras, size),  # type: ignore[arg-type]
-                  features(spec, cameras, size), FPS, episodes_per_file=per_file,
-                  robot_type="aloha", overwrite=overwrite)
+    with rendering_progress(kept, cameras, progress and bool(cameras)) as rendered:
+        write_dataset(out, LazyEpisodes(recorder, kept, cameras, size,  # type: ignore[arg-type]
+                                        rendered),
+                      features(spec, cameras, size), FPS, episodes_per_file=per_file,
+                      robot_type="aloha", overwrite=overwrite)
     written = time.perf_counter() - start
     report = {"task": spec.name, "text": spec.text, "episodes": len(kept), "attempts": tried,
               "expert_success_rate": successes / tried,
@@ -125,7 +130,31 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+@contextlib.contextmanager
+def rendering_progress(demos: Sequence, cameras: Sequence[str], enabled: bool,
+                       **options: object) -> Iterator[Callable[[], None]]:
+    """`with rendering_progress(...) as rendered:` call `rendered()` per frame rendered; the
+    progress counts the episodes and frames of every camera, then says that the last
+    videos are being encoded (`options`: WorkProgress's, for tests)."""
+    from embodichain.core.observe.work_progress import WorkProgress
+
+    steps = len(demos[0].targets) if demos else EPISODE_STEPS  # all equally long
+    per_episode = steps * max(len(cameras), 1)
+    bar = WorkProgress(f"rendering {', '.join(cameras)}", per_episode * len(demos), "frames",
+                       items=("episodes", per_episode), enabled=enabled,
+                       **options)  # type: ignore[arg-type]
+
+    def rendered() -> None:
+        bar.advance()
+        if bar.done == bar.total:
+            bar.describe("encoding the videos")
+
+    with bar:
+        yield rendered
+
+
+def command_line() -> argparse.ArgumentParser:
+    """The command's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the dataset's root directory")
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
@@ -143,6 +172,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="seeds tried at most (default 2 x episodes + 10)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     parser.add_argument("--quiet", action="store_true", help="no line per episode")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress of the cameras' rendering and encoding")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = command_line()
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
@@ -153,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         require_sim()
         report = prepare(args.out, args.task, args.episodes, args.seed, args.cameras,
                          args.size, args.overwrite, args.max_attempts,
-                         None if args.quiet else print)
+                         None if args.quiet else print, not args.no_progress)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
