@@ -34,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointing
 from embodichain.core.recipe.durations import Duration
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
@@ -129,6 +130,8 @@ class TrainerConfig(Section):
     """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
     compile: bool = False
     """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
+    activation_checkpointing: ActivationCheckpointing = None
+    """`{modules: [ClassName, ...]}`: recomputed in the backward (R-OPS-4; docs/recipe.md)."""
     deterministic: bool = False
     """Reproducible CUDA training, run to run and across resume: torch's deterministic
     kernels only (an operation without one stops the run), cuDNN without its autotuner, a
@@ -308,6 +311,7 @@ RESUMABLE_CHANGES = (
     "trainer.data_workers",
     "trainer.prefetch",
     "trainer.fsdp",  # reshard_after_forward: memory against communication, same update
+    "trainer.activation_checkpointing",  # memory against time, the same update (R-OPS-4)
     # Which kernels compute the same update, not what is trained: on CPU nothing changes; on
     # CUDA a run continued with another value is float-close to the uninterrupted one, no
     # longer bitwise (run.json's `resumed` event records the value each resume ran with).

@@ -23,6 +23,7 @@ from torch import nn
 from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
+from embodichain.core.training.activation_checkpointing import apply_activation_checkpointing
 from embodichain.core.training.guarded_step import GuardedStep
 from embodichain.core.training.host_copies import HostCopies, Slot
 from embodichain.core.training.memory import peak_bytes
@@ -142,6 +143,7 @@ class Learner:
         strategy: str = "ddp",
         shard_blocks: Sequence[nn.Module] = (),
         reshard_after_forward: bool = True,
+        activation_checkpointing: Sequence[str] = (),
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
@@ -151,6 +153,8 @@ class Learner:
             strategy, device, precision,
             SpreadOptions(tuple(shard_blocks), reshard_after_forward))
         self.model = model.to(device).train()  # validation switches back after eval()
+        # Before DDP or FSDP wraps it; the parameters' names stay (trainer.activation_checkpointing)
+        self.checkpointed = apply_activation_checkpointing(self.model, activation_checkpointing)
         param_groups = self.strategy.prepare(self.model, param_groups)
         # train-sl --init-from: each rank its own rows, once the strategy has spread the
         # model (an FSDP rank reads only its shard's) and before the EMA copies it.

@@ -61,8 +61,7 @@ class SupervisedTrainer:
     values), kept in checkpoints so `eval` and `export` rebuild it without the data
     (R-EVAL-5; `source` is None only then); `demonstration_seeds`: the seeds the data was
     recorded with, refused as evaluation seeds (R-EVAL-6); `UnknownSeeds(why)` where the
-    data cannot tell them (each evaluation then warns and records it).
-    """
+    data cannot tell them (each evaluation then warns and records it)."""
 
     def __init__(
         self,
@@ -109,7 +108,9 @@ class SupervisedTrainer:
                                ema_decay=t.ema.decay if t.ema is not None else None,
                                strategy=t.strategy, shard_blocks=shard_blocks,
                                reshard_after_forward=t.fsdp is None
-                               or t.fsdp.reshard_after_forward)
+                               or t.fsdp.reshard_after_forward,
+                               activation_checkpointing=t.activation_checkpointing.modules
+                               if t.activation_checkpointing is not None else ())
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler, self.loader = data_of(config, source, device)
@@ -299,8 +300,7 @@ class SupervisedTrainer:
         """Write a checkpoint of the current state.
 
         Collective: every rank must call it, except from a validation callback on rank 0,
-        where it writes the state committed before validation without any collective.
-        """
+        where it writes the state committed before validation without any collective."""
         with self.watch.paused():  # the others may wait for rank 0's writes (R-OPS-1)
             return self.checkpoints.save(self, Path(path))
 
