@@ -142,11 +142,8 @@ class TrainerConfig(Section):
     of the state into CPU memory (`false`: write in the loop)."""
     save_every_s: PositiveFloat | None = None
     """Also write `last.pt` once this many seconds have passed since the last save."""
-    # A stuck rank is named (R-OPS-1): core/distributed/hang_watch.py
-    collective_timeout: Duration = 300.0
-    """How long an update may wait for the other ranks (seconds, or "90s", "5m", "1h")
-    before every rank writes its stack to `RUN/hang/` and the run ends naming the ranks
-    that did not arrive; a data worker gets half of it to deliver a batch."""
+    collective_timeout: Duration = 300.0  # R-OPS-1: core/distributed/hang_watch.py
+    """An update waiting longer for the other ranks ends the run, naming them (RUN/hang/)."""
     # -- best metric and early stop (R-MET-1, R-MET-2) --
     best: BestConfig | None = None
     """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
