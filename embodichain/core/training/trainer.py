@@ -19,12 +19,12 @@ from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
-from embodichain.core.observe.measured import is_measured
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
