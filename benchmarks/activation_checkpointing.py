@@ -72,7 +72,7 @@ def nerd(layers: int) -> Case:
 def act_camera(modules: tuple[str, ...]) -> Case:
     """examples/learning/aloha/transfer_cube_camera.yaml: a micro-batch of 16, the top camera
     at 120x160, chunks of 50, hidden 128, 2 encoder and 1 decoder layers, backbone width 32."""
-    from embodichain_models.policies.aloha.model import (
+    from embodichain_models.policies.act.model import (
         ACTION,
         STATE,
         ActPolicy,

@@ -14,7 +14,7 @@ import yaml
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
-from embodichain.core.observe.measured import is_measured
+from embodichain.core.runs.measured import is_measured
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
 

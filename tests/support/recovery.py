@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
-from embodichain.core.observe.measured import is_measured
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import read_metrics
 from tests.support.processes import TESTS, worker_env
 from tests.support.state_compare import assert_state_equal as assert_state_equal

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from embodichain.core.checkpoint.file import read_checkpoint
-from embodichain.core.observe.measured import is_measured
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import read_metrics
 
 

@@ -207,6 +207,8 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
         status = "stopped"
         raise
     except Exception as exc:  # an operation trainer.deterministic refuses: say so, plainly
+        # The others' watch learns that this rank failed and says so itself (R-OPS-1).
+        process_group.leave_failure(str(exc))
         refused = refused_by_determinism(exc, trainer.step + 1)
         failed = exc if refused is None else refused
         if refused is None:

@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointing
+from embodichain.core.recipe.durations import Duration
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
@@ -141,6 +142,8 @@ class TrainerConfig(Section):
     of the state into CPU memory (`false`: write in the loop)."""
     save_every_s: PositiveFloat | None = None
     """Also write `last.pt` once this many seconds have passed since the last save."""
+    collective_timeout: Duration = 300.0  # R-OPS-1: core/distributed/hang_watch.py
+    """An update waiting longer for the other ranks ends the run, naming them (RUN/hang/)."""
     # -- best metric and early stop (R-MET-1, R-MET-2) --
     best: BestConfig | None = None
     """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
@@ -296,6 +299,7 @@ RESUMABLE_CHANGES = (
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",
     "trainer.save_every_s",
+    "trainer.collective_timeout",  # when a hang is declared, not what is trained (R-OPS-1)
     # What counts as best is read off the history, not trained on (R-MET-1); a patience may
     # only be raised (config_differences refuses a lower one).
     "trainer.best",

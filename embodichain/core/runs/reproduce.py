@@ -4,7 +4,7 @@ training itself runs in `core/launch/reproduce`.
 
 The reproduction trains the recipe run.json stores, from scratch, in a new directory, on
 the run's world size, and is then compared with the original record by record (every
-metric of metrics.jsonl but those a clock decides: `NOT_REPRODUCIBLE_PREFIX`) and snapshot
+metric of metrics.jsonl but those the machine measured: `NOT_REPRODUCIBLE_PREFIXES`) and snapshot
 by snapshot. The recorded environments are compared too (versions, platform, device, the
 data's identity): where the histories differ, they are the usual cause.
 """
@@ -21,6 +21,7 @@ from embodichain.core.checkpoint.manifest import read_manifest
 from embodichain.core.checkpoint.names import LAST, step_files
 from embodichain.core.errors import RefusedError, UsageError
 from embodichain.core.runs.elastic import without_derived_keys
+from embodichain.core.runs.measured import MEASURED_PREFIXES, is_measured
 from embodichain.core.runs.run_dir import (
     METRICS,
     RUN_JSON,
@@ -29,16 +30,17 @@ from embodichain.core.runs.run_dir import (
     read_run_json,
 )
 
-# Metrics that no two runs share, bitwise identical or not: what a clock measured, all under
-# `time/` (time/updates_per_s, time/elapsed_s, time/examples_per_s, time/data_wait,
-# time/data_wait_max, time/validation_s, time/evaluation_s). Every other key of every record
-# is compared exactly.
-NOT_REPRODUCIBLE_PREFIX = "time/"
+# Metrics that no two runs share, bitwise identical or not: what the machine measured, a
+# clock under `time/` (time/updates_per_s, time/elapsed_s, time/examples_per_s,
+# time/data_wait, time/data_wait_max, time/validation_s, time/evaluation_s, time/split/...)
+# and the memory under `memory/` (memory/peak, memory/peak_rank_R). Every other key of every
+# record is compared exactly.
+NOT_REPRODUCIBLE_PREFIXES = MEASURED_PREFIXES
 
 
 def reproducible(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A metrics record without the keys a clock decides."""
-    return {k: v for k, v in record.items() if not k.startswith(NOT_REPRODUCIBLE_PREFIX)}
+    """A metrics record without the keys the machine measured (a clock, the memory)."""
+    return {k: v for k, v in record.items() if not is_measured(k)}
 
 
 @dataclass(frozen=True)

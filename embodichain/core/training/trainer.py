@@ -19,12 +19,12 @@ from embodichain.core.distributed import process_group
 from embodichain.core.distributed.stop_request import StopRequest
 from embodichain.core.errors import DataFailure, TrainingError
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
-from embodichain.core.observe.measured import is_measured
 from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
@@ -61,8 +61,7 @@ class SupervisedTrainer:
     values), kept in checkpoints so `eval` and `export` rebuild it without the data
     (R-EVAL-5; `source` is None only then); `demonstration_seeds`: the seeds the data was
     recorded with, refused as evaluation seeds (R-EVAL-6); `UnknownSeeds(why)` where the
-    data cannot tell them (each evaluation then warns and records it).
-    """
+    data cannot tell them (each evaluation then warns and records it)."""
 
     def __init__(
         self,
@@ -233,7 +232,8 @@ class SupervisedTrainer:
         if not every or self.step % every:
             return stopping
         self.validation_due = self.validation.configured
-        return stopping or self.validation(progress, stop)
+        with self.watch.paused():  # the others may wait for rank 0's evaluation (R-OPS-1)
+            return stopping or self.validation(progress, stop)
 
     def _save_if_due(self, directory: Path, time_due: bool) -> bool:
         """The step file of `trainer.save_every`, else last.pt when `save_every_s` elapsed
@@ -300,9 +300,9 @@ class SupervisedTrainer:
         """Write a checkpoint of the current state.
 
         Collective: every rank must call it, except from a validation callback on rank 0,
-        where it writes the state committed before validation without any collective.
-        """
-        return self.checkpoints.save(self, Path(path))
+        where it writes the state committed before validation without any collective."""
+        with self.watch.paused():  # the others may wait for rank 0's writes (R-OPS-1)
+            return self.checkpoints.save(self, Path(path))
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""

@@ -1,7 +1,8 @@
 """What the trainer keeps an eye on besides the figures: the profile window (R-OPS-2), the
 time split of each update (R-OPS-2), the allocator's history and the out-of-memory message
-(R-OPS-3). One object, so that the loop calls it at three points: when it begins, around
-each update, and at its end."""
+(R-OPS-3), and the watch that names a stuck rank (R-OPS-1). One object, so that the loop
+calls it at three points: when it begins, around each update, and at its end; and pauses
+the hang watch where the other ranks wait for rank 0's own work."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 
 from embodichain.core.distributed import process_group
+from embodichain.core.distributed.hang_watch import HangWatch, NoWatch
 from embodichain.core.errors import TrainingError
 from embodichain.core.observe.progress import log
 from embodichain.core.recipe.schema import TrainerConfig
@@ -21,17 +23,19 @@ from embodichain.core.training.memory import (
     start_recording,
 )
 from embodichain.core.training.profiling import UpdateProfiler
+from embodichain.core.training.stops import hang_watch
 from embodichain.core.training.time_split import TimeSplit
 
 
 class UpdateWatch:
-    """The profile, time split and memory snapshot of one trainer's run."""
+    """The profile, time split, memory snapshot and hang watch of one trainer's run."""
 
     def __init__(self, config: TrainerConfig, device: torch.device) -> None:
         self.config, self.device = config, device
         self.split = TimeSplit(device)
         self.profiler: UpdateProfiler | None = None
         self.recording = False
+        self.hang: HangWatch | NoWatch = NoWatch()  # bounds each update (R-OPS-1)
 
     def begin(self, directory: Path, first_step: int) -> None:
         """A fit starts at update `first_step` (0, or where a resumed run continues)."""
@@ -40,11 +44,14 @@ class UpdateWatch:
                                                             self.config.memory_snapshot)
         self.profiler = UpdateProfiler(self.config.profile, directory, self.device,
                                        process_group.rank(), first_step, self.recording)
+        self.hang = hang_watch(self.config.collective_timeout, directory,
+                               process_group.world_size())
 
     @contextlib.contextmanager
     def update(self, update: int, directory: Path) -> Iterator[None]:
         """Around update `update` (1-based): the profile's span, its window's start and end,
-        and an out-of-memory error turned into its message."""
+        and an out-of-memory error turned into its message; the hang watch's clock starts."""
+        self.hang.progress(update)
         if self.profiler is not None:
             self.profiler.before(update)
         try:
@@ -57,6 +64,7 @@ class UpdateWatch:
     def end(self, update: int) -> None:
         """The loop is over (at its end or by an error): a profile cut short is written,
         without hiding the error that ended it."""
+        self.hang.close()
         profiler, self.profiler = self.profiler, None
         if profiler is None:
             return
@@ -65,6 +73,11 @@ class UpdateWatch:
         except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more
             log.warning("the profile cut short at update %d could not be written: %s",
                         update, exc)
+
+    def paused(self) -> contextlib.AbstractContextManager[None]:
+        """Around a validation or a save, where the others may wait for rank 0's own work:
+        the hang watch does not count it (the next update starts its clock again)."""
+        return self.hang.paused()
 
     def out_of_memory(self, error: BaseException, step: int, directory: Path
                       ) -> TrainingError:

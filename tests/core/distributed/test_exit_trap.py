@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from embodichain.core.observe.measured import is_measured
+from embodichain.core.runs.measured import is_measured
 from tests.support import (
     CPU_RECIPE,
     SCRIPTS,

@@ -25,8 +25,8 @@ SEED = 100000
 
 def camera_policy(image_size: tuple[int, int] = (24, 32)):
     """A small untrained camera policy, acting as the recipe's evaluation makes it act."""
-    from embodichain_models.policies.aloha.model import ActPolicy, ActShape
-    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+    from embodichain_models.policies.act.model import ActPolicy, ActShape
+    from embodichain_models.policies.act.sl_recipe import policy_factory
 
     stats = {k: {"mean": torch.full((14,), 0.1), "std": torch.full((14,), 0.5)}
              for k in ("observation.state", "action")}
@@ -100,10 +100,10 @@ def test_the_camera_recipe_reads_no_object_pose_and_sees_gym_alohas_camera() -> 
 def camera_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two transfer-cube demonstrations cut to their first 30 steps, the top camera
     rendered at 480x640 and stored at 24x32 (prepare's path, shortened)."""
+    from embodichain_models.data.aloha.prepare import features
+    from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
     from embodichain_models.data.lerobot.writer import write_dataset
-    from embodichain_models.policies.aloha.prepare import features
-    from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
-    from embodichain_models.policies.aloha.tasks import FPS, TASKS
+    from embodichain_models.envs.aloha.tasks import FPS, TASKS
 
     root = tmp_path_factory.mktemp("aloha_camera") / "data"
     recorder = Recorder(TASKS["transfer_cube"])
@@ -176,8 +176,8 @@ def test_a_policy_judged_on_other_observations_than_it_reads_is_refused() -> Non
     both refused naming obs_type; gym-aloha's own id is accepted for the camera policy."""
     from types import SimpleNamespace
 
-    from embodichain_models.policies.aloha.data import check_evaluation
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.envs.aloha.tasks import TASKS
+    from embodichain_models.policies.act.data import check_evaluation
 
     from embodichain.learning.sl import UsageError
 
@@ -200,7 +200,7 @@ def test_the_backbone_standardises_images_with_imagenets_statistics() -> None:
     """Catches the image multiplied by the std instead of divided (or the mean left in): an
     image of ImageNet's mean plus one std in each channel reaches the first convolution as
     ones, and one of the mean as zeros."""
-    from embodichain_models.policies.aloha.backbone import (
+    from embodichain_models.policies.vision.backbone import (
         IMAGENET_MEAN,
         IMAGENET_STD,
         ResNetEncoder,
@@ -226,9 +226,9 @@ def test_a_camera_policy_asked_for_another_camera_than_the_top_one_is_refused() 
     environment."""
     from types import SimpleNamespace
 
-    from embodichain_models.policies.aloha.data import check_evaluation
-    from embodichain_models.policies.aloha.env import AlohaEnv
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.envs.aloha.env import AlohaEnv
+    from embodichain_models.envs.aloha.tasks import TASKS
+    from embodichain_models.policies.act.data import check_evaluation
 
     from embodichain.learning.sl import UsageError
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from embodichain_models.policies.aloha import prepare
-from embodichain_models.policies.aloha.schema import PREPARE_COMMAND, ActConfig
+from embodichain_models.data.aloha import prepare
+from embodichain_models.policies.act.schema import PREPARE_COMMAND, ActConfig
 from pydantic import ValidationError
 
 from tests.support.processes import REPO

@@ -13,11 +13,11 @@ import re
 from pathlib import Path
 
 import pytest
+from embodichain_models.data.aloha.prepare import command_line, features, rendering_progress
+from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
 from embodichain_models.data.lerobot.writer import write_dataset
-from embodichain_models.policies.aloha.prepare import command_line, features, rendering_progress
-from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
-from embodichain_models.policies.aloha.scene import RenderingUnavailable
-from embodichain_models.policies.aloha.tasks import TASKS
+from embodichain_models.envs.aloha.scene import RenderingUnavailable
+from embodichain_models.envs.aloha.tasks import TASKS
 from rich.console import Console
 
 STEPS = 4

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from embodichain_models.policies.aloha.data import demonstration_seeds
+from embodichain_models.policies.act.data import demonstration_seeds
 
 from embodichain.learning.sl import UnknownSeeds
 

@@ -21,10 +21,10 @@ from pydantic import (
 )
 
 from embodichain.learning.sl import Section
-from embodichain_models.policies.aloha.tasks import TASKS
+from embodichain_models.envs.aloha.tasks import TASKS
 from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
-PREPARE_COMMAND = "python -m embodichain_models.policies.aloha.prepare"
+PREPARE_COMMAND = "python -m embodichain_models.data.aloha.prepare"
 CAMERA_SIZE = "120x160"  # the frame size the camera recipes record (docs/aloha.md)
 
 

@@ -23,9 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from embodichain_models.policies.aloha.expert import EXPERTS
-from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.tasks import (
+from embodichain_models.data.aloha.expert import EXPERTS
+from embodichain_models.envs.aloha.scene import Scene
+from embodichain_models.envs.aloha.tasks import (
     CAMERA_FRAME,
     EPISODE_STEPS,
     MAX_REWARD,
@@ -73,7 +73,7 @@ class Recorder:
     def demonstrate(self, seed: int, stop_at_success: bool = False) -> Demonstration:
         """The expert's episode of `seed`; `stop_at_success` ends it at the first step
         reaching the top reward (tests)."""
-        from embodichain_models.policies.aloha.scene import sample_poses
+        from embodichain_models.envs.aloha.scene import sample_poses
 
         ee, scene = self.ee, self.scene
         poses = sample_poses(self.task, seed)

@@ -15,16 +15,16 @@ from embodichain.learning.sl import DatasetSource, UnknownSeeds, UsageError
 from embodichain_models.data.lerobot import lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
-from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
-from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.schema import ActConfig
-from embodichain_models.policies.aloha.tasks import (
+from embodichain_models.envs.aloha.scene import Scene
+from embodichain_models.envs.aloha.tasks import (
     CAMERA_FRAME,
     INFO_FILE,
     JOINT_NAMES,
     TASKS,
     AlohaTask,
 )
+from embodichain_models.policies.act.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.act.schema import ActConfig
 
 
 @dataclass
@@ -46,7 +46,7 @@ def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
         shown = ", ".join(f"{known[t]!r} ({t!r})" if t in known else repr(t) for t in tasks)
         raise UsageError(f"data.root {str(root)!r} holds episodes of task {shown}, not "
                          f"data.task {task.name!r} ({task.text!r}): record one with "
-                         f"`python -m embodichain_models.policies.aloha.prepare --task "
+                         f"`python -m embodichain_models.data.aloha.prepare --task "
                          f"{task.name} ...` or set data.task")
 
 
