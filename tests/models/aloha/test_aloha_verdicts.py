@@ -93,7 +93,7 @@ def test_an_insertion_resting_short_of_the_pin_is_not_finished(
     field's verdict (64%). Two such pegs: one placed 6 mm in, its axis on the socket's
     (the scene's state set directly), and ACT's own plan replayed, whose arms stop
     pressing at step 340 and whose peg ends ~17 mm in, off the pin (reward 2)."""
-    from embodichain_models.policies.aloha.scene import Scene
+    from embodichain_models.envs.aloha.scene import Scene
 
     scene = Scene(TASKS["insertion"])
     scene.reset(seed=EVAL_SEED)
