@@ -7,7 +7,10 @@ every `n_action_steps` steps of a slot's episode a new horizon is sampled for it
 noise drawn by that slot's `torch.Generator`, seeded with its episode's seed
 (`seed_episode`, which the evaluation calls after `reset`): an episode's noise, hence its
 verdict, does not depend on the rank or slot that ran it. The horizon's first
-`n_action_steps` actions are executed by the runner's `Horizon` execution.
+`n_action_steps` actions are executed by the runner's `Horizon` execution. Each slot
+samples alone (a batch of one): a batched convolution's float32 result depends in its last
+bits on the other rows, which a closed loop's contacts grow into another trajectory. The
+acting copy holds the full weights, so these forwards are local also under FSDP.
 """
 
 from __future__ import annotations
@@ -53,15 +56,15 @@ class HistoryActing:
         execution = self.execution
         execution.start(batch)
         horizon = None
-        if execution.wants_chunk():  # some slot starts a new horizon: one batched sample
+        if execution.wants_chunk():  # some slots start a new horizon
             assert execution.t is not None
-            noise = torch.zeros(batch, *self.noise_shape)
+            horizon = np.zeros((batch, *self.noise_shape), np.float32)
             for i in np.flatnonzero(execution.t % execution.horizon == 0):
                 generator = self.generators.setdefault(int(i), torch.Generator().manual_seed(0))
-                noise[i] = torch.randn(self.noise_shape, generator=generator)
-            inputs = {k: torch.from_numpy(h).to(self.device)
-                      for k, h in zip(self.keys, histories, strict=True)}
-            horizon = self.sample_fn(inputs, noise.to(self.device)).detach().cpu().numpy()
+                noise = torch.randn((1, *self.noise_shape), generator=generator)
+                inputs = {k: torch.from_numpy(h[i:i + 1]).to(self.device)
+                          for k, h in zip(self.keys, histories, strict=True)}
+                horizon[i] = self.sample_fn(inputs, noise.to(self.device))[0].detach().cpu()
         return execution.step(horizon)
 
 
