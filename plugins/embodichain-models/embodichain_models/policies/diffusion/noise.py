@@ -40,6 +40,8 @@ class NoiseSchedule:
         self.timesteps, self.clip_sample = int(timesteps), clip_sample
         self.betas = squared_cosine_betas(self.timesteps)
         self.alphas_cumprod = torch.cumprod(1.0 - self.betas, 0)  # float64
+        # Python floats for the sampler: constants of an exported graph, not tensor reads
+        self._abar = self.alphas_cumprod.tolist()
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor
                   ) -> torch.Tensor:
@@ -60,8 +62,8 @@ class NoiseSchedule:
         """x at the previous level of a `steps`-step DDIM from level `t`, given the
         predicted noise `eps` (deterministic: eta 0)."""
         prev = t - self.timesteps // steps
-        abar_t = float(self.alphas_cumprod[t])
-        abar_p = float(self.alphas_cumprod[prev]) if prev >= 0 else 1.0
+        abar_t = self._abar[t]
+        abar_p = self._abar[prev] if prev >= 0 else 1.0
         x0 = (x - math.sqrt(1 - abar_t) * eps) / math.sqrt(abar_t)
         if self.clip_sample is not None:
             x0 = x0.clamp(-self.clip_sample, self.clip_sample)
