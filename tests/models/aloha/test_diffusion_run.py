@@ -96,8 +96,9 @@ def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
     """R-DP-3. Catches an export whose DDIM loop or normalisation differs from the
     checkpoint's (another step count, the noise not an input, the history not stacked):
     `export --policy` of the EMA weights takes the 2-frame histories and the noise, and gives
-    the checkpoint's horizon for them (a torch.export program; ONNX, ~20 s, in the slow
-    suite)."""
+    the checkpoint's horizon for them, and stepped by the runner with the noise of the
+    episode's seed it acts as the checkpoint's closed-loop policy (a torch.export program;
+    ONNX, ~20 s, in the slow suite)."""
     from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model
 
@@ -118,3 +119,20 @@ def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
                            tensors["noise"]).numpy()
     got = runner.predict(inputs)
     assert got.shape == (2, 8, 14) and np.allclose(got, want, rtol=1e-4, atol=1e-4)
+    # Step by step: the runner keeps the history and executes 4 of each horizon, given the
+    # noise the checkpoint's closed loop draws from the episode's seed.
+    from embodichain_models.policies.diffusion.sl_recipe import make_policy
+
+    policy = make_policy(model, torch.device("cpu"))
+    policy.reset(0)
+    policy.seed_episode(0, 100001)
+    runner.reset()
+    generator = torch.Generator().manual_seed(100001)
+    for step in range(6):
+        obs = {"observation.state": inputs["observation.state"][:1, step % 2],
+               "observation.images.top": inputs["observation.images.top"][:1, step % 2]}
+        noise = (torch.randn((1, 8, 14), generator=generator).numpy() if step % 4 == 0
+                 else np.zeros((1, 8, 14), np.float32))
+        mine = policy.act({"agent_pos": obs["observation.state"].astype(np.float64),
+                           "pixels": {"top": obs["observation.images.top"]}})
+        assert np.allclose(runner.act({**obs, "noise": noise}), mine, rtol=1e-4, atol=1e-4)
