@@ -63,22 +63,26 @@ def test_ddpm_noise_and_the_ddim_step_are_the_closed_form() -> None:
     assert wild.abs().max() <= 1.0
 
 
-@pytest.mark.parametrize("horizon", [14, 15])
-def test_a_horizon_the_unet_cannot_halve_is_refused_naming_the_key(
-        tmp_path: Path, horizon: int) -> None:
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("model.horizon", 14, "model.horizon (14) must be a multiple of 4"),
+    ("model.horizon", 15, "model.horizon (15) must be a multiple of 4"),
+    ("model.groups", 5, "width 64 is not a multiple of model.groups (5)")])
+def test_a_unet_shape_that_cannot_be_built_is_refused_naming_the_key(
+        tmp_path: Path, key: str, value: int, message: str) -> None:
     """Catches an odd horizon reaching the U-Net (a shape error deep in a skip's
-    concatenation, or a silently cropped horizon): refused at start, exit 2, naming
-    model.horizon and the multiple it needs."""
+    concatenation, or a silently cropped horizon) and GroupNorm groups that do not divide a
+    width (torch's error at build time): refused at start, exit 2, naming the key, and no
+    run directory made."""
     from tests.support.cli import invoke
 
     root = tmp_path / "data"
     (root / "meta").mkdir(parents=True)
     (root / "meta" / "info.json").write_text("{}")
     recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", base=DIFFUSION_EXAMPLE,
-                          **{"data.root": str(root), "model.horizon": horizon})
+                          **{"data.root": str(root), key: value})
     result = invoke("train-sl", "--config", str(recipe), "--no-progress")
     assert result.exit_code == 2, result.output
-    assert f"model.horizon ({horizon}) must be a multiple of 4" in result.output
+    assert message in result.output
     assert not (tmp_path / "run").exists()
 
 

@@ -32,7 +32,7 @@ class ModelSection(Section):
     at an episode's start)."""
     n_action_steps: PositiveInt = 8
     """Actions executed of each sampled horizon before the next is sampled."""
-    down_dims: list[PositiveInt] = Field(default_factory=lambda: [64, 128, 256])
+    down_dims: list[PositiveInt] = Field(default_factory=lambda: [64, 128, 256], min_length=1)
     """The U-Net's widths, one level each (lerobot: 512, 1024, 2048)."""
     kernel_size: PositiveInt = 5
     groups: PositiveInt = 8
@@ -65,6 +65,10 @@ class ModelSection(Section):
             raise ValueError(f"model.horizon ({self.horizon}) must be a multiple of {factor}: "
                              f"the U-Net halves it {len(self.down_dims) - 1} times (one per "
                              "model.down_dims level after the first) and doubles it back")
+        for width in self.down_dims:
+            if width % self.groups:
+                raise ValueError(f"model.down_dims: width {width} is not a multiple of "
+                                 f"model.groups ({self.groups})")
         if self.n_action_steps > self.horizon:
             raise ValueError(f"model.n_action_steps ({self.n_action_steps}) exceeds "
                              f"model.horizon ({self.horizon})")

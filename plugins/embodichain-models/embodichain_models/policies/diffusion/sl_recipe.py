@@ -65,20 +65,10 @@ def model_facts(data: ActData) -> dict:
             "image_sizes": {c: list(s) for c, s in data.image_sizes.items()}}
 
 
-def check_groups(config: DiffusionConfig) -> None:
-    """The U-Net's GroupNorm groups divide each of its widths (named as the recipe's keys)."""
-    m = config.model
-    for width in m.down_dims:
-        if width % m.groups:
-            raise UsageError(f"model.down_dims: width {width} is not a multiple of "
-                             f"model.groups ({m.groups})")
-
-
 def build_supervised_trainer(config: DiffusionConfig, device: torch.device
                              ) -> SupervisedTrainer:
     if getattr(config, "evaluation", None) is not None:
         require_sim()  # the evaluation runs gym-aloha: say so before anything is read
-    check_groups(config)
     check_evaluation(config, TASKS[config.data.task])
     facts, data = facts_from_checkpoint(), None  # rebuilt to act: the data is not read
     if facts is None:
