@@ -45,8 +45,8 @@ def _clock() -> tuple[float, float]:
 
 
 def data(episodes: int) -> None:
-    from embodichain_models.policies.aloha.record import Recorder
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.data.aloha.record import Recorder
+    from embodichain_models.envs.aloha.tasks import TASKS
 
     for name, task in TASKS.items():
         recorder = Recorder(task)
@@ -101,7 +101,7 @@ def step_costs() -> None:
     """One step of gym-aloha's environment (three cameras rendered) against ours."""
     import embodichain_models.envs  # noqa: F401 - registers the ids
     import gymnasium as gym
-    from embodichain_models.policies.aloha.scene import gl_backend
+    from embodichain_models.envs.aloha.scene import gl_backend
 
     gl_backend()
     from gym_aloha.env import AlohaEnv
@@ -126,7 +126,7 @@ def camera(data: Path | None, run: Path | None) -> None:
     import gymnasium as gym
     import numpy as np
     import torch
-    from embodichain_models.policies.aloha.scene import gl_backend
+    from embodichain_models.envs.aloha.scene import gl_backend
 
     gl_backend()
     from gym_aloha.env import AlohaEnv
@@ -147,7 +147,7 @@ def camera(data: Path | None, run: Path | None) -> None:
         w, c = _clock()
         print(f"a step of {name} environment: {(w - wall) / steps * 1000:.1f} ms wall, "
               f"{(c - cpu) / steps * 1000:.1f} ms CPU")
-    from embodichain_models.policies.aloha.model import ActPolicy, ActShape
+    from embodichain_models.policies.act.model import ActPolicy, ActShape
 
     stats = {k: {"mean": torch.zeros(14), "std": torch.ones(14)}
              for k in ("observation.state", "action")}
@@ -188,8 +188,8 @@ def camera(data: Path | None, run: Path | None) -> None:
 
 def gym_aloha(run: Path, episodes: int) -> None:
     """The run's camera policy in our top-camera environment and in gym-aloha's own."""
-    from embodichain_models.policies.aloha.sl_recipe import policy_factory
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.envs.aloha.tasks import TASKS
+    from embodichain_models.policies.act.sl_recipe import policy_factory
 
     from embodichain.core.deploy.trained import trained_model
     from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
@@ -247,7 +247,7 @@ class _Traced:
 
     def act(self, observations: Any) -> Any:
         import numpy as np
-        from embodichain_models.policies.aloha.execution import observed
+        from embodichain_models.policies.act.execution import observed
 
         joints = np.asarray(observed(observations, "observation.state"), np.float64)
         actions = self.policy.act(observations)

@@ -46,7 +46,7 @@ def train(workdir: Path, demos: int, updates: int) -> Path:
 
     data = workdir / "data"
     if not (data / "meta").is_dir():
-        _run("embodichain_models.policies.aloha.prepare", "--task", "transfer_cube",
+        _run("embodichain_models.data.aloha.prepare", "--task", "transfer_cube",
              "--episodes", str(demos), str(data), cwd=workdir)
     recipe = yaml.safe_load(EXAMPLE.read_text())
     recipe["device"] = "cpu"

@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=2, help="train-sl / hand-written pairs")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    from embodichain_models.policies.cartpole_bc.prepare import prepare
+    from embodichain_models.data.cartpole.prepare import prepare
 
     with tempfile.TemporaryDirectory() as tmp:
         root = prepare(Path(tmp) / "data", args.episodes, seed=0)

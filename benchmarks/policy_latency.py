@@ -31,7 +31,7 @@ from common import bench_env
 
 
 def tiny_cartpole_run(root: Path) -> Path:
-    from embodichain_models.policies.cartpole_bc.prepare import prepare
+    from embodichain_models.data.cartpole.prepare import prepare
 
     data = prepare(root / "data", episodes=4, seed=0, size=64)
     subprocess.run([sys.executable, "-m", "embodichain", "init", "cartpole_bc",

@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.2)
     parser.add_argument("--resume", action="store_true", help="then resume the run to its end")
     args = parser.parse_args()
-    from embodichain_models.policies.cartpole_bc.prepare import prepare
+    from embodichain_models.data.cartpole.prepare import prepare
 
     from embodichain.core.checkpoint.file import read_checkpoint
 

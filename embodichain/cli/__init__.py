@@ -16,6 +16,7 @@ from embodichain.cli import (
     init_cmd,
     inspect_cmd,
     report_cmd,
+    reproduce_cmd,
     runs_cmd,
     train_cmd,
 )
@@ -59,6 +60,7 @@ factories_cmd.register(app)
 init_cmd.register(app)
 report_cmd.register(app)
 runs_cmd.register(app)
+reproduce_cmd.register(app)
 
 
 # Every command's help ends with examples (cli/examples.py).

@@ -37,6 +37,7 @@ def check_data(
         from embodichain.core.distributed import process_group
         from embodichain.core.launch import api
         from embodichain.core.launch.train import build_trainer
+        from embodichain.core.observe.work_progress import showing_progress
         from embodichain.core.recipe.machine_limits import refuse_or_warn
 
         recipe = api.load_recipe(config, overrides or [], warn=False)
@@ -47,7 +48,8 @@ def check_data(
                            recipe.source, 1)
         console = error_console()
         with process_group.distributed_run(recipe.config.device) as device:
-            trainer = build_trainer(recipe, device)
+            with showing_progress(not no_progress):  # opening the data can be long
+                trainer = build_trainer(recipe, device)
             try:
                 source = trainer.source
                 if not isinstance(source, DatasetSource):
@@ -73,15 +75,14 @@ def check_data(
 
 
 def _checked(check, dataset, workers: int, no_progress: bool, console):  # noqa: ANN001, ANN202
-    """`check(dataset, ...)` under a progress bar (on stderr) unless `no_progress`."""
+    """`check(dataset, ...)` showing its progress (on stderr: examples, examples/s, the time
+    left; plain lines off a terminal) unless `no_progress`."""
     if no_progress:
         return check(dataset, workers=workers)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from embodichain.core.observe.work_progress import WorkProgress
 
-    with Progress("checking data", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("examples", total=len(dataset))
-        return check(dataset, workers=workers, progress=lambda n: bar.advance(task, n))
+    with WorkProgress("checking data", len(dataset), "examples", console=console) as bar:
+        return check(dataset, workers=workers, progress=bar.advance)
 
 
 def register(app: typer.Typer) -> None:

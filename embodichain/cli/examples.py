@@ -50,6 +50,10 @@ EXAMPLES: dict[str, list[str]] = {
         "embodichain report outputs/sl_ddp_cpu",
         "embodichain report outputs/run_a outputs/run_b --format html",
     ],
+    "reproduce": [
+        "embodichain reproduce outputs/sl_ddp_cpu  # exit 0: bitwise identical, 1: differs",
+        "embodichain reproduce outputs/aloha_transfer_cube_camera --until 500 --output check_500",
+    ],
     "runs": [
         "embodichain runs outputs",
         "embodichain runs outputs --json",

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from embodichain.cli.common import DEBUG_HELP, reported_errors, run_snapshot
+from embodichain.cli.launching import NoProgressOpt
 from embodichain.core.errors import UsageError
 
 
@@ -28,6 +29,7 @@ def export(
         "--ema", help="Export the EMA weights (trainer.ema) instead of the model's own.")]
     = False,
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
+    no_progress: NoProgressOpt = False,
     debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False,
 ) -> None:
     """Write the model's state_dict, or with --policy its deployable artifact; both verified
@@ -47,7 +49,7 @@ def export(
         if checkpoint.is_dir():
             checkpoint, data = run_snapshot(checkpoint)
         if policy is not None:
-            _export_policy(checkpoint, policy, fmt, ema, force, data)
+            _export_policy(checkpoint, policy, fmt, ema, force, data, not no_progress)
             return
         from embodichain.core.checkpoint.export import export_model
 
@@ -60,11 +62,17 @@ def export(
 
 
 def _export_policy(checkpoint: Path, out: Path, fmt: str | None, ema: bool, force: bool,
-                   data: dict | None) -> None:
-    from embodichain.core.deploy.artifact import export_policy, policy_format
+                   data: dict | None, progress: bool) -> None:
+    from embodichain.cli.common import error_console
+    from embodichain.core.deploy.artifact import EXPORT_STEPS, export_policy, policy_format
+    from embodichain.core.observe.work_progress import WorkProgress
 
     policy_format(out, fmt)  # a wrong name is refused before the checkpoint is read
-    done = export_policy(checkpoint, out, fmt=fmt, ema=ema, force=force, data=data)
+    # Tracing, converting and checking a large model take minutes: each step is named.
+    with WorkProgress("export", EXPORT_STEPS, "steps", enabled=progress, estimate=False,
+                      console=error_console()) as steps:
+        done = export_policy(checkpoint, out, fmt=fmt, ema=ema, force=force, data=data,
+                             step=steps.begin)
     interface = done.interface
     inputs = ", ".join(f"{k} {v['shape']}" for k, v in interface["observations"].items())
     action = interface["action"]

@@ -32,7 +32,9 @@ def report(
 ) -> None:
     """Draw train/loss, every validation/* key and the learning rate, one line per run.
 
-    Resume and roll-back points from run.json are marked. Needs the `plot` extra.
+    Resume and roll-back points from run.json are marked; each run's time per update is
+    drawn as stacked bars (data wait, forward and backward, optimizer step, the rest).
+    Needs the `plot` extra.
     """
     with reported_errors(debug):
         from embodichain.core.observe.report import load_runs, render_html, render_png

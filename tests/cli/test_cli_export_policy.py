@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from embodichain_models.data.cartpole.prepare import IMAGE_KEY, prepare
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY, prepare
 
 from embodichain.core.checkpoint.file import read_checkpoint
 from embodichain.core.deploy.runner import (

@@ -30,6 +30,18 @@ def report(*args: str, cwd: Path) -> bytes:
     return out.read_bytes()
 
 
+def split_panels(directories: list[Path]) -> list[str]:
+    """The titles of the panels with bars (each run's time split)."""
+    import matplotlib.pyplot as plt
+
+    from embodichain.core.observe.report import build_figure, load_runs
+
+    fig = build_figure(load_runs(directories))
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and ax.patches]
+    plt.close(fig)
+    return titles
+
+
 def drawn(directories: list[Path]) -> dict[str, dict[str, object]]:
     """What render_png draws for these runs, read from the figure it rasterises:
     panel title -> {"curves": {label: (steps, values)}, "marks": sorted x of vertical lines}."""
@@ -41,7 +53,7 @@ def drawn(directories: list[Path]) -> dict[str, dict[str, object]]:
     panels: dict[str, dict[str, object]] = {}
     try:
         for ax in fig.axes:
-            if not ax.get_visible():
+            if not ax.get_visible() or ax.patches:  # the time split's bars: no curves
                 continue
             curves, marks = {}, []
             for line in ax.lines:
@@ -76,6 +88,7 @@ def test_png_follows_the_data(tmp_path: Path, sl_ddp_one_process: Path,
     run), a curve from the wrong run or key, and a panel missing for a recorded key."""
     both = [sl_ddp_one_process, sl_ddp_two_workers]
     panels = drawn(both)
+    assert len(split_panels(both)) == 2  # and each run's time split, as bars
     assert {"train/loss", "validation/mse", "train/lr"} <= set(panels)
     for key, panel in panels.items():
         assert panel["curves"] == expected_curves(both, key), key

@@ -6,6 +6,7 @@ Named in recipes as `augmenting:build_supervised_trainer` with tests/factories o
 - EMBODICHAIN_TEST_SOURCE=tensor: the same corpus as an in-memory TensorSource, and
   EMBODICHAIN_TEST_AUGMENT=0 turns the augmentation off (for the equivalence of the two).
 - EMBODICHAIN_TEST_FAIL_INDEX=I: `__getitem__` raises at example I.
+- EMBODICHAIN_TEST_HANG_INDEX=I: `__getitem__` hangs (sleeps an hour) at example I.
 - EMBODICHAIN_TEST_SLEEP_S: seconds to sleep in every update (time to kill something).
 - EMBODICHAIN_TEST_SLOW_RANK=R:S: `__getitem__` sleeps S seconds per example on rank R only
   (a rank whose data is slow).
@@ -45,6 +46,8 @@ class AugmentingDataset:
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if index == self.fail_index:
             raise ValueError(f"corrupt record {index} (test)")
+        if str(index) == os.environ.get("EMBODICHAIN_TEST_HANG_INDEX"):
+            time.sleep(3600)  # a read that never returns (a dead NFS mount, a lock)
         if self.slow_s:
             time.sleep(self.slow_s)
         example = {k: v[index] for k, v in self.tensors.items()}

@@ -13,6 +13,8 @@ Without the variables below it trains exactly like `sl_ddp` (same corpus, model,
   (the other ranks then wait for it in the update's all-reduce), creates F.reached and waits
   until the test creates F: the run is then live at a known update for as long as the test
   needs, however fast or loaded the machine (instead of a pace and a band of updates).
+- EMBODICHAIN_TEST_FREEZE_AT=U: rank 1 stops itself with SIGSTOP inside update U (a rank
+  frozen as a stuck read or a hung GPU freezes it; the other ranks wait in the all-reduce).
 """
 
 from __future__ import annotations
@@ -61,12 +63,16 @@ def build_supervised_trainer(config, device):
     objective = trainer.objective
 
     block_at = int(os.environ.get("EMBODICHAIN_TEST_BLOCK_AT", "0"))
+    freeze_at = int(os.environ.get("EMBODICHAIN_TEST_FREEZE_AT", "0"))
 
     def paced(model, batch):
         if pause:
             time.sleep(pause)
         if block_at and rank == 0 and trainer.step + 1 == block_at:
             _block(Path(os.environ["EMBODICHAIN_TEST_BLOCK_FILE"]))
+        if freeze_at and rank == 1 and trainer.step + 1 == freeze_at:
+            print(f"[test] SIGSTOP rank 1 in update {freeze_at}", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
         if "EMBODICHAIN_TEST_KILLS" in os.environ:
             kill = _pending("update", rank, trainer.step + 1)
             if kill:

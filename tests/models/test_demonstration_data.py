@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from embodichain_models.policies.aloha import schema as aloha
+from embodichain_models.policies.act import schema as aloha
 from embodichain_models.policies.cartpole_bc import schema as cartpole
 from pydantic import ValidationError
 

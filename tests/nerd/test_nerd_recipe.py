@@ -14,6 +14,7 @@ import yaml
 from embodichain_models.dynamics.nerd import sl_recipe
 from embodichain_models.dynamics.nerd.prepare import main as prepare
 
+from embodichain.core.runs.measured import is_measured
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal
 
@@ -168,7 +169,7 @@ def test_two_worker_resume_is_bitwise_exact(small_data: Path, tmp_path: Path) ->
 
     def after_20(run: Path) -> list[dict]:
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        return [{k: v for k, v in r.items() if not k.startswith("time/")}
+        return [{k: v for k, v in r.items() if not is_measured(k)}
                 for r in records if r["step"] > 20]
 
     assert after_20(run_a) == after_20(run_b) != []

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.checkpoint.file import make_checkpoint, read_checkpoint, write_checkpoint
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import read_metrics
 from tests.support.processes import TESTS, worker_env
 from tests.support.state_compare import assert_state_equal as assert_state_equal
@@ -31,7 +32,7 @@ def metrics(directory: Path) -> list[dict[str, Any]]:
 
 
 def without_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+    return [{k: v for k, v in r.items() if not is_measured(k)} for r in records]
 
 
 def run_json(directory: Path) -> dict[str, Any]:

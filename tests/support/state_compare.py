@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import read_metrics
 
 
@@ -86,7 +87,7 @@ def comparable_records(directory: Path) -> list[dict[str, Any]]:
     read cleanly: no torn or bad line."""
     log = read_metrics(directory / "metrics.jsonl")
     assert log.torn is None and not log.bad_lines
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in log.records]
+    return [{k: v for k, v in r.items() if not is_measured(k)} for r in log.records]
 
 
 # -- the whole outcome of a recovered run ------------------------------------------------------
@@ -113,7 +114,7 @@ def event_summary(directory: Path) -> list[tuple[Any, ...]]:
 
 
 def _without_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in records]
+    return [{k: v for k, v in r.items() if not is_measured(k)} for r in records]
 
 
 def assert_rolled_back_records(run: Path, reference: Path) -> None:

@@ -48,6 +48,10 @@ class Sharded(SingleFile):
     def payload_to_restore(self, data: Mapping[str, Any], path: Path) -> dict[str, Any]:
         return _sharded().payload_to_restore(data, path)
 
+    def read_part(self, directory: Path, data: Mapping[str, Any], part: int
+                  ) -> dict[str, Any]:
+        return _sharded().read_shard(directory, data, part)["payload"]
+
     def describe_part(self, data: Mapping[str, Any], path: Path, part: int) -> str:
         entry = self.parts(data).get(part, {})
         return (f"the shard of rank {part} ({Path(path).parent / entry.get('file', '?')}, "

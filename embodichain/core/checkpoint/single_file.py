@@ -61,6 +61,11 @@ class SingleFile:
         missing on the node that wrote it, or written on a node outside this world."""
         return f"{self.describe_part(data, path, part)} is on no node of this world"
 
+    def read_part(self, directory: Path, data: Mapping[str, Any], part: int
+                  ) -> dict[str, Any]:
+        """Part `part`'s own verified payload (a shard's state); one file keeps no parts."""
+        raise KeyError(f"a single-file checkpoint keeps no part {part}")
+
     def parts_view(self, data: Mapping[str, Any]) -> dict[str, Any]:
         """The little of a checkpoint's data that the questions about its parts read (what
         rank 0 sends every rank when it asks which parts they hold): no tensors."""

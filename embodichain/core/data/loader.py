@@ -172,8 +172,9 @@ class BatchLoader:
 
     def __init__(self, source: Source, sampler: Sampler, device: torch.device, *, seed: int,
                  rank: int, workers: int = 0, prefetch: int = 2,
-                 micro_batch_size: int | None = None) -> None:
+                 micro_batch_size: int | None = None, worker_timeout_s: float = 0.0) -> None:
         self.source, self.sampler, self.device = source, sampler, device
+        self.worker_timeout_s = worker_timeout_s  # a batch's wait for the workers (0: none)
         self.seed, self.rank = seed, rank
         self.workers, self.prefetch = workers, prefetch
         self.micro_batch_size = micro_batch_size  # None: the update is one batch
@@ -287,6 +288,8 @@ class BatchLoader:
             generator=torch.Generator().manual_seed(0),
             # Stop signals are for the rank: its workers ignore them (R-PREEMPT-1).
             worker_init_fn=started if workers > 0 else None,
+            # A worker stuck in `__getitem__` is named instead of hanging the run (R-OPS-1).
+            timeout=self.worker_timeout_s if workers > 0 else 0,
         )
         with starting_workers():
             self._iterator = iter(loader)
@@ -323,8 +326,14 @@ class BatchLoader:
         else:
             first = str(what).strip().splitlines()[0] if str(what).strip() else ""
             died = "worker" in first and ("killed" in first or "exited" in first)
-            subject = (f"a data worker process died ({where}): {first}" if died else
-                       f"loading a batch failed ({where}): {type(what).__name__}: {first}")
+            if died:
+                subject = f"a data worker process died ({where}): {first}"
+            elif first.startswith("DataLoader timed out"):
+                subject = (f"a data worker hangs ({where}): no batch came within "
+                           f"{self.worker_timeout_s:g} s (half of trainer.collective_timeout); "
+                           "it is stuck in the dataset's __getitem__ or in what that calls")
+            else:
+                subject = f"loading a batch failed ({where}): {type(what).__name__}: {first}"
         return DataFailure(subject)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from embodichain.core.deploy.program import (
 )
 from embodichain.core.deploy.trained import trained_model
 from embodichain.core.errors import UsageError
-from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS
+from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS, DEMONSTRATION_SEEDS_UNKNOWN
 
 FORMATS = {"onnx": ".onnx", "pt2": ".pt2"}
 TOLERANCE = 1e-5
@@ -67,12 +67,17 @@ def policy_format(out: Path, fmt: str | None) -> str:
     return fmt
 
 
+EXPORT_STEPS = 4  # the `step(what)` calls of export_policy
+
+
 def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: bool = False,
-                  force: bool = False, data: Mapping[str, Any] | None = None
-                  ) -> ExportedPolicy:
+                  force: bool = False, data: Mapping[str, Any] | None = None,
+                  step: Callable[[str], None] | None = None) -> ExportedPolicy:
     """Write the policy artifact of `checkpoint` to `out`; UsageError (exit 2, nothing
     written) for a bad OUT, a model without a deployable forward, an unexportable
-    operation (named), or an artifact that does not act like the model."""
+    operation (named), or an artifact that does not act like the model. `step(what)` is
+    called as each of its EXPORT_STEPS steps begins (the progress)."""
+    step = step or (lambda what: None)
     out = Path(out)
     fmt = policy_format(out, fmt)
     if out.is_dir():
@@ -80,24 +85,31 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
                          f"{out}/policy{FORMATS[fmt]}")
     if out.exists() and not force:
         raise UsageError(f"{out} exists; nothing was written. Pass --force to replace it")
+    step("reading the checkpoint and rebuilding its model")
     trained = trained_model(Path(checkpoint), data, ema=ema)
     module, declared = deployable_of(trained.model, trained.factory)
     interface = normalized_interface(declared, trained.factory)
     interface["provenance"] = provenance(trained.run, trained.step, Path(checkpoint).name, ema)
     if trained.run.get(DEMONSTRATION_SEEDS):  # `eval ARTIFACT` refuses them (R-EVAL-6)
         interface["provenance"][DEMONSTRATION_SEEDS] = list(trained.run[DEMONSTRATION_SEEDS])
+    if trained.run.get(DEMONSTRATION_SEEDS_UNKNOWN):  # ... or warns that it cannot
+        interface["provenance"][DEMONSTRATION_SEEDS_UNKNOWN] = str(
+            trained.run[DEMONSTRATION_SEEDS_UNKNOWN])
     evaluation = (trained.run.get("config") or {}).get("evaluation")
     if isinstance(evaluation, Mapping):  # where `embodichain eval ARTIFACT` runs it
         interface["evaluation"] = json.loads(json.dumps(evaluation))
     flat = Flat(module, list(interface["observations"])).eval()
     what = f"the deployable forward of factory {trained.factory!r}'s model"
+    step("tracing the deployable forward (torch.export)")
     program = export_program(flat, interface, what)
     with published_atomically(out, keep_suffix=True) as tmp:  # exporters tell the format by it
+        step(f"writing the {fmt} artifact")
         if fmt == "onnx":
             _write_onnx(program, interface, tmp, what)
         else:
             torch.export.save(program, tmp, extra_files={
                 PT2_INTERFACE_FILE: json.dumps(interface)})
+        step("checking the artifact against the model")
         difference = _check_artifact(tmp, fmt, flat, interface)
     return ExportedPolicy(out, fmt, trained.step, interface, difference)
 

@@ -31,10 +31,12 @@ from embodichain.core.evaluation.admission import (
     describe,
     describe_interface,
     refuse_demonstration_seeds,
+    warn_unknown_seeds,
 )
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
 from embodichain.core.evaluation.records import EvaluationResult, summary
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
+from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS_UNKNOWN, unknown_seeds
 
 ARTIFACT_SUFFIXES = (".onnx", ".pt2")
 DEPLOY_HINT = "pip install 'embodichain-sl[deploy]'"
@@ -110,6 +112,10 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
         "eval/artifact", lambda: asdict(check_artifact(path, out, overrides))))
     interface = read_artifact(path)
     config = evaluation_of(interface, path)
+    unknown = unknown_seeds(interface.get("provenance", {}))
+    if process_group.env_rank() == 0:
+        warn_unknown_seeds(overrides.seed if overrides.seed is not None else config.seed,
+                           overrides.episodes or config.episodes, unknown, f"{path}")
     with process_group.distributed_run("cpu"):
         evaluation = ClosedLoopEvaluation(config, _make_policy(path),
                                           factory=f"the artifact {path}")
@@ -127,7 +133,8 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
              "environment": section["env"].get("id") or section["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else config.seed,
              "weights": interface.get("provenance", {}).get("weights", "model"),
-             "world_size": world_size}
+             "world_size": world_size,
+             **({DEMONSTRATION_SEEDS_UNKNOWN: unknown} if unknown else {})}
     (destination / "summary.json").write_text(json.dumps(summary(result, about), indent=2)
                                               + "\n")
     return found, result

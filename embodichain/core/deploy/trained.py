@@ -57,7 +57,8 @@ def trained_model(checkpoint: Path, data: Mapping[str, Any] | None = None, *,
     raw.pop("evaluation", None)  # its environment is not needed to rebuild the model
     trainer_section = raw.setdefault("trainer", {})
     trainer_section.update({"strategy": "ddp", "compile": False, "data_workers": 0,
-                            "save_best": False, "early_stop": None})  # nothing validates
+                            "save_best": False, "early_stop": None,  # nothing validates
+                            "activation_checkpointing": None})  # nor trains: no hooks
     trainer_section.pop("fsdp", None)
     with rebuilding_to_act(run_record(run)):  # the recipe's data need not be there
         recipe = for_world_size(validate_recipe(raw, source=f"{checkpoint} (stored recipe)"),

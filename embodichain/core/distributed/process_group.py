@@ -131,6 +131,12 @@ def _failure_key(rank: int) -> str:
     return f"embodichain/group_{_WORD['groups']}/failure/rank_{rank}"
 
 
+def group_store() -> tuple[dist.Store | None, str]:
+    """The group's store and a key prefix of this group's own (None in one process or in a
+    group that a program made itself): for words between ranks outside the collectives."""
+    return _WORD["store"], f"embodichain/group_{_WORD['groups']}/"
+
+
 def leave_failure(message: str) -> None:
     """Leave this rank's failure where every rank can read it without a collective (the
     group's store), before this rank stops: a peer that then loses its connection to it

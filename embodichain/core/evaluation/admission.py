@@ -2,7 +2,8 @@
 
 - `check_overrides`: `eval`'s --episodes and --videos;
 - `refuse_demonstration_seeds`: evaluation seeds among the seeds the training data was
-  recorded with (the policy would be judged on its own demonstrations);
+  recorded with (the policy would be judged on its own demonstrations); where those seeds
+  are unknown, `warn_unknown_seeds` says so instead of passing in silence;
 - `check_first_act`: the policy given one reset observation of the environment, batched as
   the episodes batch them, before any episode (or training) runs: a policy whose
   observation keys, shapes or dtypes are not the environment's, or whose action does not
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -40,6 +42,17 @@ def refuse_demonstration_seeds(seed: int, episodes: int, demonstrations: Collect
                      f"{len(overlap)} seed(s) the training data was recorded with ({shown}): "
                      "the policy would be judged on its own demonstrations. Choose seeds "
                      f"from {max(demonstrations) + 1} (--seed, evaluation.seed)")
+
+
+def warn_unknown_seeds(seed: int, episodes: int, why: str | None, what: str) -> None:
+    """Warn (rank 0's log) that evaluation seeds `seed .. seed + episodes - 1` cannot be
+    checked against the demonstrations' seeds, which are unknown (`why`; None: known)."""
+    if why is None:
+        return
+    logging.getLogger("embodichain").warning(
+        "warning: %s: the seeds the training data was recorded with are unknown (%s): "
+        "evaluation seeds %d..%d were not checked against them, and the policy may be "
+        "judged on its own demonstrations", what, why, seed, seed + episodes - 1)
 
 
 def describe(space: Any) -> str:

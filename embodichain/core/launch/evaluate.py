@@ -21,7 +21,11 @@ from typing import Any
 from embodichain.core.checkpoint.initial_weights import InitFrom
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointError, UsageError
-from embodichain.core.evaluation.admission import check_overrides, refuse_demonstration_seeds
+from embodichain.core.evaluation.admission import (
+    check_overrides,
+    refuse_demonstration_seeds,
+    warn_unknown_seeds,
+)
 from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
 from embodichain.core.launch.train import build_trainer
@@ -31,9 +35,11 @@ from embodichain.core.recipe.loading import Recipe, for_world_size, validate_rec
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
 from embodichain.core.training.model_facts import (
+    DEMONSTRATION_SEEDS_UNKNOWN,
     demonstration_seeds,
     rebuilding_to_act,
     run_record,
+    unknown_seeds,
 )
 
 
@@ -47,6 +53,8 @@ class Target:
     out: str
     ema: bool
     model_facts: dict[str, Any] | None = None
+    unknown_seeds: str | None = None
+    """Why the demonstrations' seeds are unknown (the evaluation seeds went unchecked)."""
 
 
 def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
@@ -90,7 +98,7 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
     return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema,
-                  run_record(run))
+                  run_record(run), unknown_seeds(run))
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
@@ -102,6 +110,11 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
         "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
+    if process_group.env_rank() == 0:
+        section = EvaluationConfig.model_validate(found.config["evaluation"])
+        warn_unknown_seeds(overrides.seed if overrides.seed is not None else section.seed,
+                           overrides.episodes or section.episodes, found.unknown_seeds,
+                           found.checkpoint)
     # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
     with rebuilding_to_act(found.model_facts):  # the recipe's data need not be there
         recipe: Recipe = for_world_size(validate_recipe(
@@ -133,5 +146,7 @@ def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
              "environment": evaluation["env"].get("id") or evaluation["env"].get("constructor"),
              "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
              "weights": "ema" if found.ema else "model",
-             "world_size": world_size}
+             "world_size": world_size,
+             **({DEMONSTRATION_SEEDS_UNKNOWN: found.unknown_seeds} if found.unknown_seeds
+                else {})}
     (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

@@ -191,6 +191,7 @@ def _prepare_on_rank_zero(recipe: Recipe, trainer: SupervisedTrainer, start: Sta
             "source_identity": trainer.source.identity,
             "world_size": process_group.world_size(),
             "versions": versions(recipe),
+            "environment": environment(trainer.device),  # what `reproduce` compares
             "config": recipe.resolved,
             "resumed_from": None,
             "initialized_from": initialized_from,  # train-sl --init-from: the weights' source
@@ -314,6 +315,18 @@ def _outcome_from_rank_zero(fmt: CheckpointFormat) -> StartOutcome:
                      (_PartsHeld, _PartsCheck)):
         process_group.gather_to_rank_zero(message.answer(fmt))
     return message
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    """Where this run runs, beside its versions (run.json): the platform and machine, and
+    the device rank 0 trains on (a GPU by its name, with CUDA's and cuDNN's versions)."""
+    found = {"platform": platform.platform(), "machine": platform.machine(),
+             "device": device.type}
+    if device.type == "cuda":
+        found["device"] = f"cuda: {torch.cuda.get_device_name(device)}"
+        found["cuda"] = str(torch.version.cuda)
+        found["cudnn"] = str(torch.backends.cudnn.version())
+    return found
 
 
 def versions(recipe: Recipe) -> dict[str, str]:

@@ -31,6 +31,7 @@ from embodichain.core.launch.start import StartOutcome, agree_on_start
 from embodichain.core.observe.loggers import LoggingMetricsWriter, check_loggers
 from embodichain.core.observe.progress import configure_logging, log
 from embodichain.core.observe.summary import Status, print_run_summary
+from embodichain.core.observe.work_progress import showing_progress
 from embodichain.core.recipe.loading import Recipe
 from embodichain.core.runs.fresh_claim import ClaimSite, take_back
 from embodichain.core.runs.resume_policy import Start, config_differences, resume_problems
@@ -54,7 +55,8 @@ def train(recipe: Recipe, *, start: Start | None = None, show_progress: bool = T
     # First: cuBLAS and NCCL read their variables once, when CUDA work or the group starts.
     with determinism.applied(recipe.config.trainer.deterministic), StopRequest() as stop, \
             process_group.distributed_run(recipe.config.device) as device:
-        trainer = build_trainer(recipe, device, start=start, init_from=init_from)
+        with showing_progress(show_progress):  # opening the data (hashing it) can be long
+            trainer = build_trainer(recipe, device, start=start, init_from=init_from)
         return trainer.fit(show_progress=show_progress, stop=stop)
 
 
@@ -159,7 +161,8 @@ def check_by_building(recipe: Recipe) -> None:
     writing nothing: what only the factory decides (its parameter groups, its source, an
     evaluate for trainer.save_best) is refused as train-sl would refuse it (UsageError)."""
     configure_logging(0)  # the build's warnings, as train-sl shows them
-    with process_group.distributed_run(recipe.config.device) as device:
+    with process_group.distributed_run(recipe.config.device) as device, \
+            showing_progress(True):  # opening the data (hashing it) can be long
         build_trainer(recipe, device).close()
 
 
@@ -204,6 +207,8 @@ def _fit_and_summarize(trainer: SupervisedTrainer, stop: StopRequest, show_progr
         status = "stopped"
         raise
     except Exception as exc:  # an operation trainer.deterministic refuses: say so, plainly
+        # The others' watch learns that this rank failed and says so itself (R-OPS-1).
+        process_group.leave_failure(str(exc))
         refused = refused_by_determinism(exc, trainer.step + 1)
         failed = exc if refused is None else refused
         if refused is None:

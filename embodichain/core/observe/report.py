@@ -1,8 +1,9 @@
 """Curves of one or more runs (R-OBS-1): `train/loss`, every other `train/*` key, every
 `validation/*` key, the learning rate and the share of time waiting for data
 (`time/data_wait_max`) against the update, one line per run, resume and
-roll-back points marked. A panel is on a log axis only when its values are positive and span
-more than two decades; otherwise linear (an accuracy, a loss that barely moves).
+roll-back points marked; then each run's time split as stacked bars (R-OPS-2). A panel is
+on a log axis only when its values are positive and span more than two decades; otherwise
+linear (an accuracy, a loss that barely moves).
 
 Reads only run.json and metrics.jsonl (no torch). Drawing needs matplotlib, the optional
 extra `plot`; its absence is a usage error that names the install command.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.errors import UsageError
+from embodichain.core.observe.time_split_plot import draw_time_split, has_time_split
 from embodichain.core.runs.best_record import run_best
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
 
@@ -121,8 +123,10 @@ def build_figure(runs: list[RunCurves]) -> Any:
     if not keys:
         raise UsageError("nothing to draw: no train/loss, validation/* or train/lr records in "
                          + ", ".join(str(run.directory) for run in runs))
-    cols = 1 if len(keys) == 1 else 2
-    rows = math.ceil(len(keys) / cols)
+    split_runs = [run for run in runs if has_time_split(run)]  # a stacked bar panel each
+    panels = len(keys) + len(split_runs)
+    cols = 1 if panels == 1 else 2
+    rows = math.ceil(panels / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 3.4 * rows + 0.8), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, key in zip(axes.flat, keys, strict=False):
@@ -149,7 +153,9 @@ def build_figure(runs: list[RunCurves]) -> Any:
         ax.set_title(key)
         ax.set_xlabel("update")
         ax.grid(True, alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax, run in zip(list(axes.flat)[len(keys):], split_runs, strict=False):
+        draw_time_split(ax, run)
+    for ax in list(axes.flat)[panels:]:
         ax.set_visible(False)
     handles = [Line2D([], [], color=colors[i % len(colors)], label=run.label)
                for i, run in enumerate(runs)]

@@ -50,6 +50,7 @@ class RunFacts:
     snapshots: list[str] = field(default_factory=list)  # step files by step, then last/best
     best: Best = DEFAULT_BEST
     stopped_early: dict[str, Any] | None = None  # run.json's stopped_early event, if last
+    memory_peaks: dict[int, float] = field(default_factory=dict)  # rank -> bytes (R-OPS-3)
 
 
 def metric_figures(records: list[Mapping[str, Any]], best: Best = DEFAULT_BEST
@@ -78,6 +79,18 @@ def metric_figures(records: list[Mapping[str, Any]], best: Best = DEFAULT_BEST
     return sorted(figures.values(), key=lambda f: (f.key != "train/loss", f.key))
 
 
+def memory_peaks(records: list[Mapping[str, Any]]) -> dict[int, float]:
+    """Each rank's largest logged `memory/peak_rank_R` (bytes) over the run."""
+    peaks: dict[int, float] = {}
+    for record in records:
+        for key, value in record.items():
+            rank = key.removeprefix("memory/peak_rank_")
+            if rank != key and rank.isdigit() and isinstance(value, int | float) \
+                    and not isinstance(value, bool):
+                peaks[int(rank)] = max(peaks.get(int(rank), 0.0), float(value))
+    return peaks
+
+
 def read_run_facts(directory: Path) -> RunFacts:
     """Everything the summary says about `directory`; never fails on damaged files."""
     facts = RunFacts(Path(directory))
@@ -93,6 +106,7 @@ def read_run_facts(directory: Path) -> RunFacts:
     log = read_metrics(directory / METRICS)
     facts.last_step = log.last_step
     facts.figures = metric_figures(log.records, facts.best)
+    facts.memory_peaks = memory_peaks(log.records)
     facts.snapshots = snapshot_names(directory) if directory.is_dir() else []
     return facts
 
@@ -129,6 +143,9 @@ def summary_lines(directory: Path, *, status: Status = "finished", start_step: i
         if fig.best is not None:
             text += f", best {fig.best:.6g} (update {fig.best_step})"
         row(fig.key, text)
+    if facts.memory_peaks:
+        row("memory", "peak " + ", ".join(f"rank {r} {v / 2**30:.2f} GiB"
+                                          for r, v in sorted(facts.memory_peaks.items())))
     row("run dir", str(directory))
     shown = [f"{name} (update {step})" if name in (LAST, BEST)
              and (step := checkpoint_step(Path(directory) / name)) is not None else name

@@ -75,7 +75,9 @@ OPTIONAL_TRAINER_KEYS = (
     ("keep_last", "null", "keep only the newest N step files"),
     ("async_save", "true", "write checkpoints on a background thread"),
     ("save_every_s", "null", "also write last.pt every this many seconds"),
+    ("collective_timeout", "5m", "an update waiting longer ends the run, naming who hangs"),
     ("on_nonfinite", "stop", "stop | skip an update whose loss is not finite"),
+    ("skip_guard", "copy", "copy | sync: how a GPU skips an update (non-fused optimizers)"),
     ("deterministic", "false", "deterministic kernels (CUDA run-to-run reproducibility)"),
 )
 

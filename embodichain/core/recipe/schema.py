@@ -34,9 +34,12 @@ from pydantic import (
     model_validator,
 )
 
+from embodichain.core.recipe.activation_checkpointing_schema import ActivationCheckpointing
+from embodichain.core.recipe.durations import Duration
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig, evaluation_problems
 from embodichain.core.recipe.global_batch import global_batch_problem
 from embodichain.core.recipe.logger_names import check_logger_name
+from embodichain.core.recipe.profile_schema import ProfileConfig, profile_problem
 from embodichain.core.recipe.schema_base import SECTION_CONFIG, Section  # noqa: F401 (re-exported)
 from embodichain.core.recipe.strategy_limits import strategy_problems
 
@@ -106,6 +109,12 @@ class TrainerConfig(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A non-finite global loss: `stop` the run at that update (exit 1), or `skip` the
     optimizer step like a zero-weight batch (recorded as `train/skipped`)."""
+    skip_guard: Literal["copy", "sync"] = "copy"
+    """On a GPU, how a skipped update (zero weight, non-finite loss, fp16 overflow) is kept
+    from changing the model when the optimizer has no fused `found_inf` path: `copy` keeps a
+    copy of the parameters and optimizer state each update (memory, no wait), `sync` reads
+    the decision on the host before the step (one wait for the GPU per update). Fused
+    optimizers and CPU runs need neither; training is the same either way."""
     # -- training loops (R-LOOP-1, R-LOOP-2, R-LOOP-4): core/training/{learner,ema,precision} --
     grad_accumulation: PositiveInt = 1
     """Micro-batches of `batch_size` per worker per update; one gradient all-reduce. Under
@@ -121,6 +130,8 @@ class TrainerConfig(Section):
     """Autocast precision; fp16 adds a gradient scaler (CUDA only)."""
     compile: bool = False
     """Train through `torch.compile(model)`; the unwrapped model is saved and validated."""
+    activation_checkpointing: ActivationCheckpointing = None
+    """`{modules: [ClassName, ...]}`: recomputed in the backward (R-OPS-4; docs/recipe.md)."""
     deterministic: bool = False
     """Reproducible CUDA training, run to run and across resume: torch's deterministic
     kernels only (an operation without one stops the run), cuDNN without its autotuner, a
@@ -131,6 +142,8 @@ class TrainerConfig(Section):
     of the state into CPU memory (`false`: write in the loop)."""
     save_every_s: PositiveFloat | None = None
     """Also write `last.pt` once this many seconds have passed since the last save."""
+    collective_timeout: Duration = 300.0  # R-OPS-1: core/distributed/hang_watch.py
+    """An update waiting longer for the other ranks ends the run, naming them (RUN/hang/)."""
     # -- best metric and early stop (R-MET-1, R-MET-2) --
     best: BestConfig | None = None
     """The metric behind best.pt, the summary's best, the bar and `runs`; null: the
@@ -153,6 +166,19 @@ class TrainerConfig(Section):
     state sharded over the ranks with FSDP2, each rank saving its own shard."""
     fsdp: FsdpConfig | None = None
     """Options of `strategy: fsdp` (null: the defaults)."""
+    profile: ProfileConfig | None = None  # R-OPS-2: a torch.profiler trace per rank
+    """`{start, updates}`: traces in `output_dir/profile/` (docs/observe.md)."""
+    memory_snapshot: bool = False
+    """CUDA: torch's allocator snapshot in `output_dir/memory/` at an out-of-memory error
+    and at the profile's end (R-OPS-3; on CPU a warning says none is written)."""
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_fits(cls, value: ProfileConfig | None, info: Any) -> ProfileConfig | None:
+        problem = profile_problem(value, info.data.get("max_updates"))
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @model_validator(mode="after")
     def _strategy_runs_these_settings(self) -> TrainerConfig:
@@ -268,10 +294,12 @@ RESUMABLE_CHANGES = (
     # A policy for updates that never happen in a healthy run: switching it changes nothing
     # about the finite ones, and checkpoints written before the key existed stay resumable.
     "trainer.on_nonfinite",
+    "trainer.skip_guard",  # how a skip is applied, not what is trained
     "trainer.ema.validate",  # which weights are evaluated, not what is trained
     # How and how often snapshots are written, not what is trained (R-CKPT-8, R-CKPT-9).
     "trainer.async_save",
     "trainer.save_every_s",
+    "trainer.collective_timeout",  # when a hang is declared, not what is trained (R-OPS-1)
     # What counts as best is read off the history, not trained on (R-MET-1); a patience may
     # only be raised (config_differences refuses a lower one).
     "trainer.best",
@@ -280,12 +308,15 @@ RESUMABLE_CHANGES = (
     "trainer.data_workers",
     "trainer.prefetch",
     "trainer.fsdp",  # reshard_after_forward: memory against communication, same update
+    "trainer.activation_checkpointing",  # memory against time, the same update (R-OPS-4)
     # Which kernels compute the same update, not what is trained: on CPU nothing changes; on
     # CUDA a run continued with another value is float-close to the uninterrupted one, no
     # longer bitwise (run.json's `resumed` event records the value each resume ran with).
     "trainer.deterministic",
     # How the policy is judged in closed loop, not what is trained (R-EVAL-1).
     "evaluation",
+    "trainer.profile",  # what is recorded about updates, not what they compute (R-OPS-2)
+    "trainer.memory_snapshot",
 )
 
 def is_resumable_change(key: str) -> bool:

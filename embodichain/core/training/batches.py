@@ -73,4 +73,5 @@ def batch_loader(config: FrameworkConfig, source: Source, sampler: Sampler,
             t.data_workers, type(source).__name__)
     return BatchLoader(source, sampler, device, seed=config.seed, rank=process_group.rank(),
                        workers=t.data_workers, prefetch=t.prefetch,
-                       micro_batch_size=t.batch_size)
+                       micro_batch_size=t.batch_size,
+                       worker_timeout_s=t.collective_timeout / 2)  # named before the watch

@@ -43,7 +43,11 @@ from embodichain.core.recipe.best import BestTracker
 from embodichain.core.recipe.schema import TrainerConfig
 from embodichain.core.runs.run_dir import MetricsWriter
 from embodichain.core.training.learner import Learner
-from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS, RUN_KEY
+from embodichain.core.training.model_facts import (
+    DEMONSTRATION_SEEDS,
+    DEMONSTRATION_SEEDS_UNKNOWN,
+    RUN_KEY,
+)
 from embodichain.core.training.strategies import Snapshot
 
 
@@ -155,7 +159,9 @@ class Checkpointing:
                                **({RUN_KEY: trainer.model_facts}
                                   if getattr(trainer, "model_facts", None) else {}),
                                **({DEMONSTRATION_SEEDS: trainer.demonstration_seeds}
-                                  if getattr(trainer, "demonstration_seeds", None) else {})},
+                                  if getattr(trainer, "demonstration_seeds", None) else {}),
+                               **({DEMONSTRATION_SEEDS_UNKNOWN: trainer.unknown_seeds}
+                                  if getattr(trainer, "unknown_seeds", None) else {})},
                        "callbacks": {key: cb.state_dict() for key, cb in keyed_callbacks(trainer)
                                      if hasattr(cb, "state_dict")}}
             path.parent.mkdir(parents=True, exist_ok=True)

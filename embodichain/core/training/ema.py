@@ -35,10 +35,20 @@ class Ema:
         self._buffers = [b for b in self.model.buffers()]
         self._source_buffers = [b for b in model.buffers()]
 
-    @torch.no_grad()
     def update(self) -> None:
         """Move the average towards the model's current parameters; copy the buffers."""
+        self.average()
+        self.copy_buffers()
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """The parameters' half of `update` (the learner may run it later, before the
+        parameters next change: guarded_step.py)."""
         torch._foreach_lerp_(self._averaged, self._sources, 1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_buffers(self) -> None:
+        """The buffers' half of `update` (a forward may change the model's own)."""
         if self._buffers:
             torch._foreach_copy_(self._buffers, self._source_buffers)
 
@@ -47,9 +57,9 @@ class Ema:
         """The averaged copy itself (a module of the model's class)."""
         yield self.model
 
-    def tensors(self) -> list[torch.Tensor]:
-        """What `update` changes (kept by the learner, to undo a skipped update's)."""
-        return [*self._averaged, *self._buffers]
+    def buffer_tensors(self) -> list[torch.Tensor]:
+        """What `copy_buffers` changes (kept by the learner, to undo a skipped update's)."""
+        return list(self._buffers)
 
     def state_dict(self) -> dict[str, Any]:
         return self.model.state_dict()

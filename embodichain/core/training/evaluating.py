@@ -27,6 +27,7 @@ from embodichain.core.evaluation.admission import (
     check_first_act,
     describe_interface,
     refuse_demonstration_seeds,
+    warn_unknown_seeds,
 )
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Interrupted, Overrides
 from embodichain.core.evaluation.policy import MakeJudge, MakePolicy, Success
@@ -69,13 +70,17 @@ def closed_loop_of(config: Any, policy: MakePolicy | None, success: Success | No
 def check_acting(trainer: Evaluating, factory: str) -> None:
     """Before training (and `eval`), on every rank: the policy acts once on a reset
     observation; a misfit is refused naming both sides (R-EVAL-6). The recipe's evaluation
-    seeds among `trainer.demonstration_seeds` are refused too."""
+    seeds among `trainer.demonstration_seeds` are refused too, or are warned about where
+    those are unknown (`trainer.unknown_seeds`)."""
     closed_loop = trainer.closed_loop
     if closed_loop is None:
         return
     c = closed_loop.config
     refuse_demonstration_seeds(c.seed, c.episodes, trainer.demonstration_seeds,
                                "evaluation.seed")
+    if process_group.is_rank_zero():  # trainers rebuilt to act (eval) know none: no repeat
+        warn_unknown_seeds(c.seed, c.episodes, getattr(trainer, "unknown_seeds", None),
+                           "evaluation.seed")
     ema = c.acting == "ema" and trainer.learner.ema is not None
     with acting_weights(trainer, ema) as model, preserved_rng(trainer.device), \
             torch.no_grad():

@@ -17,6 +17,7 @@ from embodichain.core.observe.pace import DataPace
 from embodichain.core.observe.progress import ProgressReporter
 from embodichain.core.training.checkpointing import require_run
 from embodichain.core.training.learner import UpdateResult
+from embodichain.core.training.memory import peak_metrics
 from embodichain.core.training.nonfinite import stop_message
 
 Record = Callable[..., None]  # (values, step=None): a metrics line
@@ -29,6 +30,7 @@ class Trained(Protocol):
     loader: Any
     sampler: Any
     step: int
+    watch: Any
 
 
 class UpdateFigures:
@@ -92,6 +94,8 @@ class UpdateFigures:
         record["time/updates_per_s"] = progress.rate(trainer.step)
         record["time/elapsed_s"] = progress.elapsed()
         record.update(pace.metrics())
+        record.update(trainer.watch.split.metrics())  # where the time went (R-OPS-2)
+        record.update(peak_metrics(result.memory_peaks))  # every rank's (R-OPS-3)
         self.record(record)
         progress.update(trainer.step, loss=result.loss if result.loss is not None
                         else float("nan"), examples_per_s=record["time/examples_per_s"],

@@ -5,8 +5,9 @@ and micro-batch (R-LOOP-1). How the model is spread over the ranks, and so how t
 micro-batches are run and the gradients reduced, is the strategy's (strategies/: DDP or
 FSDP); the learner turns the reduced totals into the step, the skip of a zero-weight or
 non-finite update, the EMA, the schedule and the update's figures. None of it waits for the
-device (R-GPU-1): the skip is decided there (guarded_step.py) and the figures reach the host
-through pinned buffers (host_copies.py), read during the next update (`settle`).
+device (R-GPU-1): on a GPU the skip is applied there (guarded_step.py; on the CPU the host
+reads it, which waits for nothing) and the figures reach the host through pinned buffers
+(host_copies.py), read during the next update (`settle`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from torch import nn
 from embodichain.core.checkpoint.initial_weights import load_pending
 from embodichain.core.distributed import process_group
 from embodichain.core.recipe.schema import OptimizerConfig, SchedulerConfig
+from embodichain.core.training.activation_checkpointing import apply_activation_checkpointing
 from embodichain.core.training.guarded_step import GuardedStep
 from embodichain.core.training.host_copies import HostCopies, Slot
+from embodichain.core.training.memory import peak_bytes
 from embodichain.core.training.objective import LossResult, Objective
 from embodichain.core.training.param_groups import (
     ParamGroups,
@@ -68,6 +71,7 @@ class _Figures:
     rank_zero_note: float
     data_waits: tuple[float, ...]
     part_counts: tuple[float, ...]
+    memory_peaks: tuple[float, ...] = ()
 
 
 class UpdateResult:
@@ -112,6 +116,7 @@ class UpdateResult:
     rank_zero_note = property(lambda self: self._get().rank_zero_note)
     data_waits = property(lambda self: self._get().data_waits)
     part_counts = property(lambda self: self._get().part_counts)
+    memory_peaks = property(lambda self: self._get().memory_peaks)  # bytes, rank r's in r
 
     @property
     def loss(self) -> float | None:
@@ -134,9 +139,11 @@ class Learner:
         param_groups: ParamGroups | None = None,
         ema_decay: float | None = None,
         compile: bool = False,
+        skip_guard: str = "copy",
         strategy: str = "ddp",
         shard_blocks: Sequence[nn.Module] = (),
         reshard_after_forward: bool = True,
+        activation_checkpointing: Sequence[str] = (),
     ) -> None:
         if precision not in ("fp32", "bf16", "fp16"):
             raise ValueError(f"precision must be fp32, bf16 or fp16, got {precision!r}")
@@ -146,6 +153,8 @@ class Learner:
             strategy, device, precision,
             SpreadOptions(tuple(shard_blocks), reshard_after_forward))
         self.model = model.to(device).train()  # validation switches back after eval()
+        # Before DDP or FSDP wraps it; the parameters' names stay (trainer.activation_checkpointing)
+        self.checkpointed = apply_activation_checkpointing(self.model, activation_checkpointing)
         param_groups = self.strategy.prepare(self.model, param_groups)
         # train-sl --init-from: each rank its own rows, once the strategy has spread the
         # model (an FSDP rank reads only its shard's) and before the EMA copies it.
@@ -167,10 +176,11 @@ class Learner:
         # own value (its largest is what starves the update), at no collective of its own.
         self._rank, self._waits = process_group.rank(), process_group.world_size()
         # Flags out and figures back through pinned buffers, without waiting (R-GPU-1); the
-        # step applied unless the device says to skip it.
+        # step applied unless the update says to skip it (`skip_guard`: how, on a GPU, for
+        # an optimizer without `found_inf`).
         self._copies = HostCopies(device)
-        self._guard = GuardedStep(list(self.model.parameters()), self.optimizer, self.scaler,
-                                  self.ema)
+        self._guard = GuardedStep.choose(list(self.model.parameters()), self.optimizer,
+                                         self.scaler, self.ema, device, skip_guard)
         self._pending: tuple[UpdateResult, Slot, int] | None = None
 
     @property
@@ -181,7 +191,8 @@ class Learner:
     def update(self, objective: Objective, batches: Batch | Sequence[Batch], *,
                stop: float = 0.0, rank_zero_note: float = 0.0,
                data_wait: float | Callable[[], float] = 0.0,
-               part_counts: Sequence[float] = ()) -> UpdateResult:
+               part_counts: Sequence[float] = (),
+               backward_done: Callable[[], None] | None = None) -> UpdateResult:
         """One optimizer update over one batch or a sequence of micro-batches.
 
         `stop` (this rank's stop flag), `rank_zero_note` (rank 0's note to every rank: a
@@ -190,11 +201,12 @@ class Learner:
         loaded, so that loads inside the update count) ride the update's all-reduce: the
         first two come back summed over ranks, the waits one per rank; `part_counts` (a
         mixture's examples of each part in this rank's batches, the same length on every
-        rank) summed. The result's figures are read when first asked for, or by the next
-        update (`settle`); until then the optimizer state and EMA may hold what a skipped
-        update puts back at its settle.
+        rank) summed; each rank's peak memory rides along too (R-OPS-3). `backward_done` is
+        called once the last backward is queued (the time split, R-OPS-2). The result's
+        figures are read when first asked for, or by the next update (`settle`); until then
+        the optimizer state and EMA may hold what a skipped update puts back at its settle.
         """
-        slot = self._copies.next_slot(2 + self._waits + len(part_counts))
+        slot = self._copies.next_slot(2 + 2 * self._waits + len(part_counts))
 
         def flags() -> torch.Tensor:
             wait = data_wait() if callable(data_wait) else data_wait
@@ -203,6 +215,8 @@ class Learner:
         totals = self.strategy.accumulate(
             self.wrapped, objective, [batches] if isinstance(batches, Mapping) else batches,
             self._local_statistics, flags, self.scaler)
+        if backward_done is not None:
+            backward_done()
         # On the device: a global batch with no weight does not step (Adam would still move
         # the parameters), nor one whose loss is not finite (trainer.on_nonfinite).
         weight, weighted_loss = totals[0], totals[1]
@@ -251,19 +265,21 @@ class Learner:
 
     def _flags(self, slot: Slot, flags: tuple[float, float], data_wait: float,
                part_counts: Sequence[float] = ()) -> torch.Tensor:
-        """`[stop, rank_zero_note, wait_0 .. wait_{W-1}, count_0 ..]` (this rank's wait in
-        its own slot, its part counts last) as the tensor that rides the update's
-        all-reduce."""
+        """`[stop, rank_zero_note, wait_0 .. wait_{W-1}, peak_0 .. peak_{W-1}, count_0 ..]`
+        (this rank's wait and peak memory in its own slots, its part counts last) as the
+        tensor that rides the update's all-reduce."""
         host = slot.flags
         host[0], host[1], host[2 + self._rank] = flags[0], flags[1], data_wait
+        host[2 + self._waits + self._rank] = peak_bytes(self.device)  # a host counter
         if part_counts:
-            host[2 + self._waits:] = torch.tensor(part_counts, dtype=torch.float32)
+            host[2 + 2 * self._waits:] = torch.tensor(part_counts, dtype=torch.float32)
         return slot.to_device()
 
     def _result(self, totals: list[float], skipped: bool, nonfinite: bool,
                 parts: int = 0) -> _Figures:
         """The totals as weighted means (none when the weight is 0) and control values."""
         totals, counts = (totals[:len(totals) - parts], totals[len(totals) - parts:])
+        totals, peaks = totals[:-self._waits], totals[-self._waits:]
         statistics, (stop, note), waits = (totals[:-2 - self._waits],
                                            totals[-2 - self._waits:-self._waits],
                                            totals[-self._waits:])
@@ -274,7 +290,7 @@ class Learner:
             for name, value in zip(self.metric_names or [], statistics[2:], strict=True):
                 metrics[name] = value / weight
         return _Figures(metrics, weight, skipped, nonfinite, float(stop), float(note),
-                        tuple(waits), tuple(counts))
+                        tuple(waits), tuple(counts), tuple(peaks))
 
     # -- state ---------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ import contextlib
 import contextvars
 import json
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from embodichain.core.errors import UsageError
@@ -32,6 +33,18 @@ RUN_KEY = "model_facts"
 """The checkpoint run record's entry (`payload["run"]["model_facts"]`)."""
 DEMONSTRATION_SEEDS = "demonstration_seeds"
 """The run record's entry of the environment seeds the training data was recorded with."""
+DEMONSTRATION_SEEDS_UNKNOWN = "demonstration_seeds_unknown"
+"""The run record's entry saying why those seeds are unknown (the file that would say)."""
+
+
+@dataclass(frozen=True)
+class UnknownSeeds:
+    """`SupervisedTrainer(demonstration_seeds=UnknownSeeds(why))`: the data are
+    demonstrations recorded with environment seeds that cannot be told, `why` naming the
+    file that would hold them. Evaluations then warn that their seeds are unchecked, and
+    record it (a missing file never disables the check in silence)."""
+
+    why: str
 
 _REBUILDING: contextvars.ContextVar[tuple[dict[str, Any] | None] | None] = \
     contextvars.ContextVar("embodichain_rebuilding_to_act", default=None)
@@ -87,6 +100,13 @@ def run_record(payload_run: Mapping[str, Any]) -> dict[str, Any] | None:
 def demonstration_seeds(payload_run: Mapping[str, Any]) -> list[int]:
     """The demonstration seeds a checkpoint's run record holds (none: [])."""
     return [int(s) for s in payload_run.get(DEMONSTRATION_SEEDS) or []]
+
+
+def unknown_seeds(record: Mapping[str, Any]) -> str | None:
+    """Why a run record's (or an artifact's provenance's) demonstration seeds are unknown;
+    None where they are known or there are none."""
+    why = record.get(DEMONSTRATION_SEEDS_UNKNOWN)
+    return str(why) if why else None
 
 
 def _plain(value: Any) -> Any:

@@ -32,18 +32,27 @@ class ShardedEma:
         self._buffers = {n: b.detach().clone() for n, b in self._source_buffers.items()}
         self._keys = list(model.state_dict().keys())
 
-    @torch.no_grad()
     def update(self) -> None:
+        self.average()
+        self.copy_buffers()
+
+    @torch.no_grad()
+    def average(self) -> None:
+        """The shards' half of `update` (see `Ema.average`)."""
         names = list(self._averaged)
         torch._foreach_lerp_([self._averaged[n] for n in names],
                              [self._sources[n] for n in names], 1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_buffers(self) -> None:
+        """The buffers' half of `update`."""
         if self._buffers:
             torch._foreach_copy_(list(self._buffers.values()),
                                  [self._source_buffers[n] for n in self._buffers])
 
-    def tensors(self) -> list[torch.Tensor]:
-        """What `update` changes (kept by the learner, to undo a skipped update's)."""
-        return [*self._averaged.values(), *self._buffers.values()]
+    def buffer_tensors(self) -> list[torch.Tensor]:
+        """What `copy_buffers` changes (kept by the learner, to undo a skipped update's)."""
+        return list(self._buffers.values())
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Local shards keyed like the model's state_dict (a rank's part of the EMA): the

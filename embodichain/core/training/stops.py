@@ -9,14 +9,18 @@ update: the last one stands, and the same resume command continues from it, exac
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
 
 from embodichain.core.checkpoint.names import LAST
+from embodichain.core.distributed.hang_watch import HangWatch, NoWatch, watch_collectives
 from embodichain.core.distributed.stop_request import EXIT_CODES, StopRequest, signal_name
-from embodichain.core.errors import Stopped
+from embodichain.core.errors import Stopped, TrainingError
 from embodichain.core.runs.commands import SELF_LAUNCHED, resume_command
+from embodichain.core.runs.run_end import record_failure
+from embodichain.core.runs.snapshots import where_to_continue
 
 
 def stopped(signum: int, step: int, max_updates: int, directory: Path, world_size: int
@@ -63,3 +67,15 @@ def _reason(exc: BaseException) -> str:
     if not lines:
         return type(exc).__name__
     return re.sub(r"^.*?\[[^\]]*\.(?:cc|cpp|h):\d+\] ", "", lines[0]).split(". ")[0]
+
+
+def hang_watch(timeout_s: float, directory: Path, world_size: int) -> HangWatch | NoWatch:
+    """The fit's watch (R-OPS-1, distributed/hang_watch): its message ends with the snapshot
+    and the command that continue the run, and run.json keeps it as the run's failure."""
+    def record(update: int, said: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # another node: no run directory
+            record_failure(directory, update, TrainingError(said))
+
+    return watch_collectives(
+        timeout_s, directory, lambda: f"{where_to_continue(directory)}; continue with: "
+        f"{resume_command(directory, world_size)}", record)

@@ -24,6 +24,7 @@ from embodichain.core.observe.progress import ProgressReporter, log
 from embodichain.core.recipe.best import Best, BestTracker
 from embodichain.core.recipe.schema import FrameworkConfig
 from embodichain.core.runs.best_record import record_stopped_early
+from embodichain.core.runs.measured import is_measured
 from embodichain.core.runs.run_dir import finite_values
 from embodichain.core.runs.run_end import record_clean_stop
 from embodichain.core.runs.snapshots import where_to_continue
@@ -33,12 +34,13 @@ from embodichain.core.training.checkpointing import Checkpointing, RunContext, r
 from embodichain.core.training.evaluating import check_acting
 from embodichain.core.training.figures import UpdateFigures
 from embodichain.core.training.learner import Learner, UpdateResult
-from embodichain.core.training.model_facts import recorded
+from embodichain.core.training.model_facts import UnknownSeeds, recorded
 from embodichain.core.training.objective import Objective
 from embodichain.core.training.param_groups import ParamGroups
 from embodichain.core.training.precision import Precision, trainer_precision
 from embodichain.core.training.stops import peer_gone, stopped, stopped_without_snapshot
 from embodichain.core.training.validating import Validation, validation_setup
+from embodichain.core.training.watching import UpdateWatch
 
 Evaluate = Callable[[nn.Module, torch.device], dict[str, float]]
 
@@ -58,8 +60,8 @@ class SupervisedTrainer:
     (R-EVAL-1, docs/evaluation.md). `model_facts`: what the data gave the model (JSON
     values), kept in checkpoints so `eval` and `export` rebuild it without the data
     (R-EVAL-5; `source` is None only then); `demonstration_seeds`: the seeds the data was
-    recorded with, refused as evaluation seeds (R-EVAL-6).
-    """
+    recorded with, refused as evaluation seeds (R-EVAL-6); `UnknownSeeds(why)` where the
+    data cannot tell them (each evaluation then warns and records it)."""
 
     def __init__(
         self,
@@ -79,13 +81,18 @@ class SupervisedTrainer:
         success: Success | None = None,
         judge: MakeJudge | None = None,
         model_facts: Mapping[str, Any] | None = None,
-        demonstration_seeds: Sequence[int] = (),
+        demonstration_seeds: Sequence[int] | UnknownSeeds = (),
     ) -> None:
         self.config = config
         self.device = device
         self.source = source
         self.model_facts = recorded(model_facts, getattr(config, "factory", "?"))
-        self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
+        self.unknown_seeds: str | None = None  # why they are unknown (R-EVAL-6)
+        self.demonstration_seeds: list[int] = []
+        if isinstance(demonstration_seeds, UnknownSeeds):
+            self.unknown_seeds = demonstration_seeds.why
+        else:
+            self.demonstration_seeds = sorted({int(s) for s in demonstration_seeds})
         self.objective = objective
         self.evaluate = evaluate
         # The closed loop (R-EVAL-1: refused here, exit 2, before training), the best metric
@@ -97,10 +104,13 @@ class SupervisedTrainer:
         self.learner = Learner(model, config.optimizer, config.scheduler, t.max_updates, device,
                                trainer_precision(t.precision, precision, device),
                                param_groups=param_groups, compile=t.compile,
+                               skip_guard=t.skip_guard,
                                ema_decay=t.ema.decay if t.ema is not None else None,
                                strategy=t.strategy, shard_blocks=shard_blocks,
                                reshard_after_forward=t.fsdp is None
-                               or t.fsdp.reshard_after_forward)
+                               or t.fsdp.reshard_after_forward,
+                               activation_checkpointing=t.activation_checkpointing.modules
+                               if t.activation_checkpointing is not None else ())
         # An update draws all its K * batch_size indices at once (R-LOOP-1); the sampler's
         # position is the consumed one, checkpointed.
         self.sampler, self.loader = data_of(config, source, device)
@@ -116,6 +126,7 @@ class SupervisedTrainer:
         # a stop skipped or cut short, runs first when the run goes on (R-EVAL-4).
         self.validation = Validation(self, self._record)
         self.figures = UpdateFigures(self, self._record)  # what an update's figures ask for
+        self.watch = UpdateWatch(t, device)  # profile, time split, memory (R-OPS-2, R-OPS-3)
         self.validation_due = False
         # Set by the framework's `build_trainer` (core/launch): the first `fit()` without an
         # attached run hands over to it, which attaches one as train-sl does (R-API-1).
@@ -188,6 +199,7 @@ class SupervisedTrainer:
                                            run.directory, process_group.world_size(),
                                            exc) from exc
         finally:
+            self.watch.end(self.step)
             progress.close()
             self.checkpoints.settle()  # every exit path waits for the save in flight
         self._end(stopping, run.directory, rank_zero)
@@ -202,6 +214,7 @@ class SupervisedTrainer:
             warn_about_checkpoint_plan(t, self.config.optimizer.name, self.learner.model,
                                        self.step, directory)
         self.figures.lagged = None
+        self.watch.begin(directory, self.step)  # the profile's window, the snapshot
         progress = ProgressReporter(t.max_updates, self.step, show_progress and rank_zero,
                                     t.log_every, label=self.best.label)
         if self.step:
@@ -219,7 +232,8 @@ class SupervisedTrainer:
         if not every or self.step % every:
             return stopping
         self.validation_due = self.validation.configured
-        return stopping or self.validation(progress, stop)
+        with self.watch.paused():  # the others may wait for rank 0's evaluation (R-OPS-1)
+            return stopping or self.validation(progress, stop)
 
     def _save_if_due(self, directory: Path, time_due: bool) -> bool:
         """The step file of `trainer.save_every`, else last.pt when `save_every_s` elapsed
@@ -250,16 +264,22 @@ class SupervisedTrainer:
         its data ride its all-reduce. The wait counts the update's loading wherever it
         happens: before the update, and each micro-batch read as the learner reaches it
         (under G one micro-batch is loaded at a time, inside the update)."""
-        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"):
+        # The profile's window and an out-of-memory error's message (R-OPS-2, R-OPS-3).
+        with process_group.waiting_for_others(f"the other ranks in update {self.step + 1}"), \
+                self.watch.update(self.step + 1, self.run_directory):
             started = time.perf_counter()
             counts = part_counts(self.sampler, self.sampler.batches_drawn)  # a mixture's
             batches = TimedLoads(self.loader.next_update())
             before = time.perf_counter() - started
-            return self.learner.update(self.objective, batches,
-                                       stop=stop.flag if stop is not None else 0.0,
-                                       rank_zero_note=self.checkpoints.rank_zero_note(),
-                                       data_wait=lambda: before + batches.seconds,
-                                       part_counts=counts)
+            self.watch.split.begin()
+            result = self.learner.update(self.objective, batches,
+                                         stop=stop.flag if stop is not None else 0.0,
+                                         rank_zero_note=self.checkpoints.rank_zero_note(),
+                                         data_wait=lambda: before + batches.seconds,
+                                         part_counts=counts,
+                                         backward_done=self.watch.split.backward_done)
+            self.watch.split.end(before + batches.seconds, batches.seconds)
+            return result
 
     @property
     def stops_early(self) -> bool:
@@ -269,7 +289,7 @@ class SupervisedTrainer:
 
     def _record(self, values: Mapping[str, Any], step: int | None = None) -> None:
         values = finite_values(values)  # metrics.jsonl and checkpoints: strict JSON
-        self.last_metrics.update({k: v for k, v in values.items() if not k.startswith("time/")})
+        self.last_metrics.update({k: v for k, v in values.items() if not is_measured(k)})
         run = require_run(self)
         if run.metrics is not None:
             run.metrics.write({"step": self.step if step is None else step, **values})
@@ -280,9 +300,9 @@ class SupervisedTrainer:
         """Write a checkpoint of the current state.
 
         Collective: every rank must call it, except from a validation callback on rank 0,
-        where it writes the state committed before validation without any collective.
-        """
-        return self.checkpoints.save(self, Path(path))
+        where it writes the state committed before validation without any collective."""
+        with self.watch.paused():  # the others may wait for rank 0's writes (R-OPS-1)
+            return self.checkpoints.save(self, Path(path))
 
     def restore(self, payload: Mapping[str, Any]) -> None:
         """Load a verified checkpoint payload; each rank takes its own saved state."""

@@ -59,7 +59,11 @@ if TYPE_CHECKING:
     )
     from embodichain.core.training.callbacks import SaveBest, ValidationCallback
     from embodichain.core.training.learner import Learner, UpdateResult
-    from embodichain.core.training.model_facts import facts_from_checkpoint, only_acting
+    from embodichain.core.training.model_facts import (
+        UnknownSeeds,
+        facts_from_checkpoint,
+        only_acting,
+    )
     from embodichain.core.training.objective import LossResult, Objective
     from embodichain.core.training.trainer import Evaluate, RunContext, SupervisedTrainer
 
@@ -80,7 +84,8 @@ _HOMES = {
     "embodichain.core.recipe.loading": ("Recipe",),
     "embodichain.core.recipe.data_location": ("LOCATES_DATA",),
     "embodichain.core.training.learner": ("Learner", "UpdateResult"),
-    "embodichain.core.training.model_facts": ("facts_from_checkpoint", "only_acting"),
+    "embodichain.core.training.model_facts": ("UnknownSeeds", "facts_from_checkpoint",
+                                              "only_acting"),
     "embodichain.core.training.objective": ("LossResult", "Objective"),
     "embodichain.core.data.source": ("Source", "TensorSource", "tensor_digest"),
     "embodichain.core.training.trainer": ("Evaluate", "RunContext", "SupervisedTrainer"),
@@ -118,6 +123,7 @@ __all__ = [  # the names of _HOMES, spelled out for linters and type checkers
     "TensorSource",
     "TrainerConfig",
     "TrainingError",
+    "UnknownSeeds",
     "UpdateResult",
     "UsageError",
     "ValidationCallback",

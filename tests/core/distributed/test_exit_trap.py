@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from embodichain.core.runs.measured import is_measured
 from tests.support import (
     CPU_RECIPE,
     SCRIPTS,
@@ -49,7 +50,7 @@ def test_no_gloo_thread_is_left_after_a_run(tmp_path: Path) -> None:
 
 def comparable(metrics: Path) -> list[dict]:
     """metrics.jsonl without wall-clock values (keys under `time/`)."""
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("time/")}
+    return [{k: v for k, v in json.loads(line).items() if not is_measured(k)}
             for line in metrics.read_text().splitlines()]
 
 

@@ -13,6 +13,11 @@ own work after it counts too), outside the first updates and the validated or sa
   for the device every update, through the pinned copy's event, which no counter of tensor
   reads sees).
 
+On the CPU the host reads the skip decision without waiting for anything, and the learner
+does (guarded_step.py): the CPU runs here treat the CPU as a GPU (`HOST_DEVICES` emptied),
+so that the ways a GPU skips (the copy, a fused optimizer's `found_inf`) are what is counted;
+one test checks the CPU's own way, which reads the decision once per update and nothing else.
+
 On CUDA the same steady state runs under `torch.cuda.set_sync_debug_mode("error")`, which
 raises at any synchronising call torch makes (a blocking copy, GradScaler's `.item()`,
 indexing a device tensor with host indices): skipped without a CUDA device; run by
@@ -27,6 +32,7 @@ import pytest
 import torch
 import yaml
 
+from embodichain.core.training import guarded_step
 from embodichain.core.training.learner import Learner
 from embodichain.core.training.trainer import SupervisedTrainer
 from tests.support.host_reads import HostReads, counting_host_reads, describe
@@ -42,6 +48,8 @@ CONFIGS = {
         "trainer.grad_accumulation=2", "trainer.ema.decay=0.9", "trainer.precision=bf16"],
     "fsdp, adamw, EMA": ["trainer.strategy=fsdp", "optimizer.name=adamw",
                          "trainer.ema.decay=0.9"],
+    "fused adamw (found_inf), EMA": ["optimizer.name=adamw", "optimizer.fused=true",
+                                     "trainer.ema.decay=0.9"],
     "host-resident source, global batch": [
         "factory=host_resident:build_supervised_trainer", "trainer.global_batch_size=64",
         "trainer.validate_every=0"],
@@ -123,7 +131,27 @@ def _assert_steady(per_update: dict[int, list[str]], early: dict[int, int],
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_no_host_reads_in_the_steady_state(name: str, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(guarded_step, "HOST_DEVICES", ())  # the CPU skips as a GPU does
     _assert_steady(*_train(tmp_path, CONFIGS[name], "cpu", monkeypatch))
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu with skip_guard: sync"])
+def test_the_cpu_reads_only_its_skip_decision(where: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU (where it waits for nothing) the skip is read on the host: one read per
+    steady update, the guard's, and nothing else; so it is on a GPU (the CPU taken as one)
+    with `trainer.skip_guard: sync`. Catches another read hiding behind it, the CPU falling
+    back to a device-side guard (no read: its copy is back), and the recipe's key not
+    reaching the learner."""
+    changes = ["trainer.ema.decay=0.9"]
+    if where != "cpu":
+        monkeypatch.setattr(guarded_step, "HOST_DEVICES", ())
+        changes.append("trainer.skip_guard=sync")
+    per_update, early, checked = _train(tmp_path, changes, "cpu", monkeypatch)
+    for step in checked:
+        assert len(per_update[step]) == 1 and "guarded_step.py" in per_update[step][0] \
+            and "tolist" in per_update[step][0], (step, per_update[step])
+    assert not {s: n for s, n in early.items() if s in checked and s % LOG_EVERY}
 
 
 CUDA_CONFIGS = {
@@ -135,6 +163,8 @@ CUDA_CONFIGS = {
     "fsdp bf16": ["trainer.strategy=fsdp", "trainer.precision=bf16"],
     "host-resident source (prefetched)": ["factory=host_resident:build_supervised_trainer",
                                           "trainer.validate_every=0"],
+    "fused adamw (found_inf), EMA": ["optimizer.name=adamw", "optimizer.fused=true",
+                                     "trainer.ema.decay=0.9"],
 }
 
 

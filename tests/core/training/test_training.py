@@ -16,7 +16,7 @@ from tests.support import CPU_RECIPE
 
 ARTIFACTS = {"run.json", "metrics.jsonl", "step_100.pt", "step_200.pt", "last.pt"}
 RUN_JSON_KEYS = {"run_id", "created_at", "factory", "config_sha256", "source_identity",
-                 "world_size", "versions", "resumed_from"}
+                 "world_size", "versions", "environment", "resumed_from"}
 
 
 @pytest.fixture(params=[2, 1], ids=["torchrun-2-workers", "one-process"])

@@ -13,10 +13,10 @@ import pytest
 def camera_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Two transfer-cube demonstrations cut to their first 30 steps, the top camera
     rendered at 480x640 and stored at 24x32 (prepare's path, shortened)."""
+    from embodichain_models.data.aloha.prepare import features
+    from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
     from embodichain_models.data.lerobot.writer import write_dataset
-    from embodichain_models.policies.aloha.prepare import features
-    from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
-    from embodichain_models.policies.aloha.tasks import FPS, TASKS
+    from embodichain_models.envs.aloha.tasks import FPS, TASKS
 
     root = tmp_path_factory.mktemp("aloha_camera") / "data"
     recorder = Recorder(TASKS["transfer_cube"])

@@ -24,8 +24,8 @@ SEED = 100000
 
 def camera_policy(image_size: tuple[int, int] = (24, 32)):
     """A small untrained camera policy, acting as the recipe's evaluation makes it act."""
-    from embodichain_models.policies.aloha.model import ActPolicy, ActShape
-    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+    from embodichain_models.policies.act.model import ActPolicy, ActShape
+    from embodichain_models.policies.act.sl_recipe import policy_factory
 
     stats = {k: {"mean": torch.full((14,), 0.1), "std": torch.full((14,), 0.5)}
              for k in ("observation.state", "action")}
@@ -153,8 +153,8 @@ def test_a_policy_judged_on_other_observations_than_it_reads_is_refused() -> Non
     both refused naming obs_type; gym-aloha's own id is accepted for the camera policy."""
     from types import SimpleNamespace
 
-    from embodichain_models.policies.aloha.data import check_evaluation
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.envs.aloha.tasks import TASKS
+    from embodichain_models.policies.act.data import check_evaluation
 
     from embodichain.learning.sl import UsageError
 
@@ -177,7 +177,7 @@ def test_the_backbone_standardises_images_with_imagenets_statistics() -> None:
     """Catches the image multiplied by the std instead of divided (or the mean left in): an
     image of ImageNet's mean plus one std in each channel reaches the first convolution as
     ones, and one of the mean as zeros."""
-    from embodichain_models.policies.aloha.backbone import (
+    from embodichain_models.policies.vision.backbone import (
         IMAGENET_MEAN,
         IMAGENET_STD,
         ResNetEncoder,
@@ -203,9 +203,9 @@ def test_a_camera_policy_asked_for_another_camera_than_the_top_one_is_refused() 
     environment."""
     from types import SimpleNamespace
 
-    from embodichain_models.policies.aloha.data import check_evaluation
-    from embodichain_models.policies.aloha.env import AlohaEnv
-    from embodichain_models.policies.aloha.tasks import TASKS
+    from embodichain_models.envs.aloha.env import AlohaEnv
+    from embodichain_models.envs.aloha.tasks import TASKS
+    from embodichain_models.policies.act.data import check_evaluation
 
     from embodichain.learning.sl import UsageError
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from embodichain_models.data.aloha.prepare import features, prepare
+from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.writer import write_dataset
-from embodichain_models.policies.aloha.prepare import features, prepare
-from embodichain_models.policies.aloha.record import LazyEpisodes, Recorder
-from embodichain_models.policies.aloha.scene import RenderingUnavailable
-from embodichain_models.policies.aloha.tasks import EVAL_SEED, JOINT_NAMES, TASKS
+from embodichain_models.envs.aloha.scene import RenderingUnavailable
+from embodichain_models.envs.aloha.tasks import EVAL_SEED, JOINT_NAMES, TASKS
 
 SEEDS = (3, 4)  # demonstration seeds of the dataset below
 
@@ -122,7 +122,7 @@ def test_the_action_chunk_starts_at_the_frames_own_action(tmp_path: Path) -> Non
     instead of 0): ACT's chunk at frame t is the actions of frames t .. t + chunk - 1, the
     first one the action the policy executes at t. Frame 1 of the held-out episode (1)
     reads actions 101, 102, 103."""
-    from embodichain_models.policies.aloha.data import act_data
+    from embodichain_models.policies.act.data import act_data
 
     data = act_data(_act_config(_numbered_dataset(tmp_path / "numbered"), []))
     assert data.held_out is not None
@@ -138,8 +138,8 @@ def test_frames_whose_width_does_not_divide_the_cameras_are_refused(tmp_path: Pa
     480x600`; 48x64 and 240x320 are taken."""
     import argparse
 
-    from embodichain_models.policies.aloha.data import act_data
-    from embodichain_models.policies.aloha.prepare import parse_size
+    from embodichain_models.data.aloha.prepare import parse_size
+    from embodichain_models.policies.act.data import act_data
 
     from embodichain.learning.sl import UsageError
 
@@ -159,8 +159,8 @@ def test_recorded_frames_are_averaged_down_rounded_as_the_policy_sees_them() -> 
     (`record.downsample`): the dataset's frame must be what the policy's `frames_in`
     computes of the camera's frame, to the uint8 step (within half of it); truncating
     darkens most pixels by up to one step. 2x2 blocks of 0, 1, 1, 1 average to 0.75: 1."""
-    from embodichain_models.policies.aloha.backbone import frames_in
-    from embodichain_models.policies.aloha.record import downsample
+    from embodichain_models.data.aloha.record import downsample
+    from embodichain_models.policies.vision.backbone import frames_in
 
     assert downsample(np.array([[0, 1], [1, 1]], np.uint8)[..., None].repeat(3, -1),
                       (1, 1)).tolist() == [[[1, 1, 1]]]

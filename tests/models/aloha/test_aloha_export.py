@@ -31,7 +31,7 @@ SEEDS = (100000, 100001)  # the recipe's first evaluation seeds
 def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("aloha_export")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    assert_ok(run_python_module("embodichain_models.policies.aloha.prepare", "--task",
+    assert_ok(run_python_module("embodichain_models.data.aloha.prepare", "--task",
                                 "transfer_cube", "--episodes", "2", str(root / "data"),
                                 env=env, timeout=300))
     assert invoke("init", "aloha_act", str(root / "packaged.yaml")).exit_code == 0
@@ -81,7 +81,7 @@ def test_aloha_artifact_acts_like_its_checkpoint(act_run: Path) -> None:
     then differ in the last bits, and the trajectories part): driven by the runner on
     the evaluation seeds, the ONNX artifact gives the checkpoint policy's actions and
     joint states step by step, bitwise, and its return and success."""
-    from embodichain_models.policies.aloha.sl_recipe import policy_factory
+    from embodichain_models.policies.act.sl_recipe import policy_factory
 
     from embodichain.core.deploy.runner import PolicyRunner
     from embodichain.core.deploy.trained import trained_model

@@ -4,8 +4,8 @@ episode the environment ended at its first success is no strict success."""
 
 from __future__ import annotations
 
-from embodichain_models.policies.aloha.judge import AlohaJudge
-from embodichain_models.policies.aloha.tasks import MAX_REWARD
+from embodichain_models.envs.aloha.judge import AlohaJudge
+from embodichain_models.envs.aloha.tasks import MAX_REWARD
 
 
 def judged(steps: int, done_at: set[int], terminated_at: int | None = None

@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from embodichain_models.policies.aloha.prepare import prepare
+from embodichain_models.data.aloha.prepare import prepare
 
 from tests.models.aloha.helpers import tiny_recipe
 from tests.support.processes import run_cli, run_python_module, worker_env
 
 HERE = Path(__file__).resolve().parent
-PREPARE = "embodichain_models.policies.aloha.prepare"
+PREPARE = "embodichain_models.data.aloha.prepare"
 
 
 @pytest.fixture(scope="module")

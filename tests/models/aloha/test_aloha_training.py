@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from embodichain_models.policies.aloha.execution import ChunkExecution
-from embodichain_models.policies.aloha.model import ActPolicy, ActShape, objective
-from embodichain_models.policies.aloha.prepare import prepare
+from embodichain_models.data.aloha.prepare import prepare
+from embodichain_models.policies.act.execution import ChunkExecution
+from embodichain_models.policies.act.model import ActPolicy, ActShape, objective
 
 from tests.models.aloha.helpers import UPDATES, tiny_recipe
 from tests.support.processes import assert_ok, run_torchrun, worker_env

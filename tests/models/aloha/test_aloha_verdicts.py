@@ -10,12 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from embodichain_models.data.aloha import expert as experts
+from embodichain_models.data.aloha.prepare import INFO_FILE, prepare
+from embodichain_models.data.aloha.record import Recorder
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
-from embodichain_models.policies.aloha import expert as experts
-from embodichain_models.policies.aloha.judge import AlohaJudge
-from embodichain_models.policies.aloha.prepare import INFO_FILE, prepare
-from embodichain_models.policies.aloha.record import Recorder
-from embodichain_models.policies.aloha.tasks import EVAL_SEED, TASKS
+from embodichain_models.envs.aloha.judge import AlohaJudge
+from embodichain_models.envs.aloha.tasks import EVAL_SEED, TASKS
 
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig

@@ -35,7 +35,7 @@ def test_an_example_holds_the_frames_before_it_the_first_repeated_at_the_start(
     start (or zeros), one in the wrong order, and a horizon not padded by repeating the
     episode's last action: frame 0 holds [0, 0], frame 1 [0, 1], oldest first, joints and
     camera alike, and the last frame's horizon repeats its action."""
-    from embodichain_models.policies.aloha.data import act_data
+    from embodichain_models.policies.act.data import act_data
     from embodichain_models.policies.diffusion.schema import DiffusionConfig
 
     config = DiffusionConfig.model_validate(

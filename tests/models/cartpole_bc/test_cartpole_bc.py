@@ -18,10 +18,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from embodichain_models.data.cartpole.prepare import prepare
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
-from embodichain_models.policies.cartpole_bc.prepare import prepare
-from embodichain_models.policies.cartpole_bc.task import succeeded
+from embodichain_models.envs.cartpole.task import succeeded
 
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal, comparable_records

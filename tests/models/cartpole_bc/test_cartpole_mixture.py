@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from embodichain_models.data.cartpole.prepare import prepare
 from embodichain_models.policies.cartpole_bc.data import bc_data
-from embodichain_models.policies.cartpole_bc.prepare import prepare
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
 from pydantic import ValidationError
 
@@ -172,8 +172,8 @@ def test_a_misspelt_key_inside_a_list_item_gets_a_did_you_mean(roots, tmp_path: 
 def _at_fps(root: Path, fps: int) -> Path:
     """Three cart-pole demonstrations written at `fps` (the frames are the 30 Hz ones: only
     the rate recorded in the metadata differs)."""
+    from embodichain_models.data.cartpole.prepare import NOISE, demonstrations, features
     from embodichain_models.data.lerobot.writer import write_dataset
-    from embodichain_models.policies.cartpole_bc.prepare import NOISE, demonstrations, features
 
     return write_dataset(root, demonstrations(3, 2, 16, NOISE), features(16), fps,
                          episodes_per_file=25, robot_type="cartpole")

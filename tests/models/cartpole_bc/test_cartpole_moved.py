@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from embodichain_models.policies.cartpole_bc.prepare import prepare
+from embodichain_models.data.cartpole.prepare import prepare
 
 from tests.support.processes import run_python_module
 from tests.support.state_compare import assert_training_state_equal, comparable_records

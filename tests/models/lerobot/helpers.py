@@ -51,7 +51,7 @@ def cartpole_with_unused_cameras(root: Path, episodes: int = 3, size: int = 32) 
     """The cart-pole recipe's demonstrations with two more cameras it never uses: WRIST
     (PNG in the rows, every image undecodable) and SIDE (a video cut to 60% of its bytes,
     header first, so its header still lists every frame)."""
-    from embodichain_models.policies.cartpole_bc.prepare import FPS, demonstrations, features
+    from embodichain_models.data.cartpole.prepare import FPS, demonstrations, features
 
     rng = np.random.default_rng(0)
     recorded = []

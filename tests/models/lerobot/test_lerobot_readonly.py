@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from embodichain_models.policies.cartpole_bc.prepare import prepare
+from embodichain_models.data.cartpole.prepare import prepare
 
 from tests.support import assert_ok, run_cli
 

@@ -1,1 +1,2 @@
-"""Readers of recorded robot data (LeRobot datasets)."""
+"""Recorded robot data: the LeRobot format read and written (`lerobot/`) and the recorders of
+the scripted demonstrations (`aloha/`, `cartpole/`)."""

@@ -4,27 +4,31 @@ data's identity digests. Torch-free, as the schemas that build on it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, NonNegativeInt, PositiveInt, Strict
+from pydantic import AfterValidator, NonNegativeInt, PositiveInt, Strict, ValidationInfo
 
 from embodichain.learning.sl import LOCATES_DATA, Section, only_acting
 
 
-def dataset_root(prepare_command: str) -> Any:
+def dataset_root(prepare_command: str | Callable[[Path, Mapping[str, Any]], str]) -> Any:
     """The type of a LeRobot dataset root: a directory with meta/info.json (a missing one is
     refused naming the command that records it), marked LOCATES_DATA (a moved dataset of the
     same identity resumes). Not checked where a checkpoint's model is rebuilt only to act
-    (`eval`, `export`: R-EVAL-5)."""
+    (`eval`, `export`: R-EVAL-5). `prepare_command` is the command, or makes it from the root
+    and the section's fields validated before it (declare those the command needs first)."""
 
-    def check(path: Path) -> Path:
+    def check(path: Path, info: ValidationInfo) -> Path:
         if only_acting():  # a checkpoint's model rebuilt to act (eval, export): no data read
             return path
         if not (path / "meta" / "info.json").is_file():
             what = "not found" if not path.exists() else "has no meta/info.json"
+            command = (prepare_command if isinstance(prepare_command, str)
+                       else prepare_command(path, info.data))
             raise ValueError(f"LeRobot dataset {what}: {str(path)!r} (record one with "
-                             f"`{prepare_command}`)")
+                             f"`{command}`)")
         return path
 
     return Annotated[Path, Strict(False), AfterValidator(check), LOCATES_DATA]

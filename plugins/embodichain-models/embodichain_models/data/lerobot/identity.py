@@ -50,10 +50,19 @@ def dataset_identity(dataset: LeRobotFrames, mode: str = "content") -> str:
 
     if mode not in IDENTITY_MODES:
         raise LeRobotFormatError(f"identity={mode!r} is not one of {', '.join(IDENTITY_MODES)}")
+    from embodichain.core.observe.work_progress import work_progress
+
     meta = set(dataset.meta.meta_files)
-    files = [(str(p.relative_to(dataset.root)),
-              file_digest(p) if mode == "content" or p in meta else metadata_digest(p))
-             for p in source_files(dataset)]
+    paths = source_files(dataset)
+    sizes = [p.stat().st_size if p.is_file() else 0 for p in paths]
+    files = []
+    # Hashing a large dataset the first time takes minutes (then the digests are cached).
+    with work_progress(f"hashing {len(paths)} data files", sum(sizes), "B") as progress:
+        for path, size in zip(paths, sizes, strict=True):
+            files.append((str(path.relative_to(dataset.root)),
+                          file_digest(path) if mode == "content" or path in meta
+                          else metadata_digest(path)))
+            progress.advance(size)
     options: dict[str, Any] = {
         "episodes": [e.index for e in dataset.episodes],
         "delta_timestamps": dataset.delta_timestamps,

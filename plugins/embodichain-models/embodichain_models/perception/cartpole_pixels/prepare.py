@@ -20,7 +20,7 @@ import torch
 
 from embodichain.learning.sl import file_digest
 from embodichain_models.dynamics.nerd.physics import THETA, CartPoleParams, random_trajectories
-from embodichain_models.perception.cartpole_pixels.render import render
+from embodichain_models.envs.cartpole.render import render
 
 FORMAT = "embodichain-models/cartpole-pixels"
 _RENDER_CHUNK = 1024

@@ -1,3 +1,3 @@
-"""Cart-pole behaviour cloning from a LeRobot dataset: `prepare.py` records expert swing-up
-demonstrations as LeRobot v3.0 (state, action, a rendered camera as mp4), `sl_recipe.py`
-trains a small image-and-state policy on them and validates it closed-loop."""
+"""Cart-pole behaviour cloning from a LeRobot dataset (recorded by `data/cartpole/prepare.py`):
+`sl_recipe.py` trains a small image-and-state policy (`policy.py`) on it and validates it
+closed-loop in `envs/cartpole/`."""

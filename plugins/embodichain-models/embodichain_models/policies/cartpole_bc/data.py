@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from embodichain.learning.sl import DatasetSource, UsageError
+from embodichain_models.data.cartpole.prepare import IMAGE_KEY
 from embodichain_models.data.lerobot import lerobot_mixture, lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.errors import LeRobotFormatError
 from embodichain_models.data.lerobot.metadata import aggregate_stats, read_meta
 from embodichain_models.data.lerobot.renamed import stats_of
-from embodichain_models.policies.cartpole_bc.prepare import IMAGE_KEY
+from embodichain_models.envs.cartpole.task import FPS
 from embodichain_models.policies.cartpole_bc.schema import BcConfig
-from embodichain_models.policies.cartpole_bc.task import FPS
 
 USED_FEATURES = (IMAGE_KEY, "observation.state", "action")
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from embodichain.learning.sl import LossResult
-from embodichain_models.policies.cartpole_bc.task import FPS, MAX_FORCE, TASK
+from embodichain_models.envs.cartpole.task import FPS, MAX_FORCE, TASK
 
 
 def state_features(state: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

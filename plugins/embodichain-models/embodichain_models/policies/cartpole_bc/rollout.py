@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
-from embodichain_models.perception.cartpole_pixels.render import render
-from embodichain_models.policies.cartpole_bc.task import (
+from embodichain_models.envs.cartpole.render import render
+from embodichain_models.envs.cartpole.task import (
     MAX_FORCE,
     Expert,
     control_step,

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 from embodichain.learning.sl import Section
 from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
-PREPARE_COMMAND = "python -m embodichain_models.policies.cartpole_bc.prepare --out DIR"
+PREPARE_COMMAND = "python -m embodichain_models.data.cartpole.prepare --out DIR"
 
 
 DatasetRoot = dataset_root(PREPARE_COMMAND)

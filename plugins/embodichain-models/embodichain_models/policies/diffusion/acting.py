@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from embodichain.core.deploy.runner import Frames, Horizon
-from embodichain_models.policies.aloha.execution import observed
+from embodichain_models.policies.act.execution import observed
 
 SampleFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 

@@ -3,7 +3,7 @@ CPUs.
 
 The observation of the last `n_obs_steps` frames conditions a 1-D U-Net (`unet.py`) by FiLM:
 per frame the joint positions (min-max normalised to [-1, 1]) and, per camera, the image
-through ACT's backbone (`policies/aloha/backbone.py`, a ResNet-18 layout with GroupNorm) whose
+through ACT's backbone (`policies/vision/backbone.py`, a ResNet-18 layout with GroupNorm) whose
 1x1 projection gives `keypoints` maps, a spatial softmax their expected (x, y) and a linear
 layer the frame's feature (lerobot's `DiffusionRgbEncoder`); all frames' features are
 concatenated. Training (`objective`): the horizon of normalised actions gets DDPM noise at a
@@ -23,15 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from embodichain.learning.sl import LossResult
-from embodichain_models.policies.aloha.backbone import (
+from embodichain_models.policies.act.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.diffusion.noise import NoiseSchedule
+from embodichain_models.policies.diffusion.unet import ConditionalUnet1d
+from embodichain_models.policies.vision.backbone import (
     ResNetEncoder,
     _halved,
     frames_in,
     random_shift,
 )
-from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
-from embodichain_models.policies.diffusion.noise import NoiseSchedule
-from embodichain_models.policies.diffusion.unet import ConditionalUnet1d
 
 NOISE = "noise"
 """The artifact's input holding the sampler's starting noise."""

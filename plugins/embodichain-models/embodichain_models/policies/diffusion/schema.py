@@ -1,5 +1,5 @@
 """The ALOHA Diffusion Policy recipe's own sections (no torch at import: registered in
-`embodichain.sl_schemas`). The data, task and cameras are ACT's (`policies/aloha`); the
+`embodichain.sl_schemas`). The data, task and cameras are ACT's (`policies/act`); the
 closed-loop judge is the framework's `evaluation:` section."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from embodichain.learning.sl import Section
-from embodichain_models.policies.aloha.schema import DatasetRoot, _task
+from embodichain_models.policies.act.schema import DatasetRoot, _task
 
 
 class ModelSection(Section):

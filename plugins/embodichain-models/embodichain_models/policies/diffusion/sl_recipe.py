@@ -1,6 +1,6 @@
 """Factory of the ALOHA Diffusion Policy recipe (entry point `aloha_diffusion`, R-DP-1).
 
-The source is ACT's (`policies/aloha/data.py`): the LeRobot dataset's frames, each example
+The source is ACT's (`policies/act/data.py`): the LeRobot dataset's frames, each example
 holding the observations of its frame and the `n_obs_steps`-1 before it (joint positions,
 and the cameras' frames decoded in the data workers, or the objects' poses for a state
 policy; R-DP-2) and the horizon of the next `horizon` actions (past the episode's end the
@@ -20,11 +20,11 @@ from torch import nn
 
 from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
 from embodichain_models.data.lerobot import LeRobotFormatError
-from embodichain_models.policies.aloha.data import ActData, act_data, check_evaluation
-from embodichain_models.policies.aloha.judge import AlohaJudge
-from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, STATE
-from embodichain_models.policies.aloha.scene import require_sim
-from embodichain_models.policies.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
+from embodichain_models.envs.aloha.judge import AlohaJudge
+from embodichain_models.envs.aloha.scene import require_sim
+from embodichain_models.envs.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
+from embodichain_models.policies.act.data import ActData, act_data, check_evaluation
+from embodichain_models.policies.act.model import ACTION, ENV_STATE, STATE
 from embodichain_models.policies.diffusion.acting import HistoryActing
 from embodichain_models.policies.diffusion.model import (
     DiffusionPolicy,

@@ -23,10 +23,12 @@ from torch import nn
 
 from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
 from embodichain_models.data.lerobot import LeRobotFormatError
-from embodichain_models.policies.aloha.data import ActData, act_data, check_evaluation
-from embodichain_models.policies.aloha.execution import ChunkExecution
-from embodichain_models.policies.aloha.judge import AlohaJudge
-from embodichain_models.policies.aloha.model import (
+from embodichain_models.envs.aloha.judge import AlohaJudge
+from embodichain_models.envs.aloha.scene import require_sim
+from embodichain_models.envs.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
+from embodichain_models.policies.act.data import ActData, act_data, check_evaluation
+from embodichain_models.policies.act.execution import ChunkExecution
+from embodichain_models.policies.act.model import (
     ACTION,
     ENV_STATE,
     STATE,
@@ -36,9 +38,7 @@ from embodichain_models.policies.aloha.model import (
     normalised_actions,
     objective,
 )
-from embodichain_models.policies.aloha.scene import require_sim
-from embodichain_models.policies.aloha.schema import ActConfig
-from embodichain_models.policies.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
+from embodichain_models.policies.act.schema import ActConfig
 
 MAX_HELD_OUT = 512  # held-out frames whose action error is validated (evenly spaced)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from embodichain_models.policies.aloha.tasks import MAX_REWARD
+from embodichain_models.envs.aloha.tasks import MAX_REWARD
 
 GYM_ALOHA_STEPS = 300
 """gym-aloha's registered episode limit."""

@@ -32,8 +32,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from embodichain_models.policies.aloha.scene import RenderingUnavailable, Scene
-from embodichain_models.policies.aloha.tasks import (
+from embodichain_models.envs.aloha.scene import RenderingUnavailable, Scene
+from embodichain_models.envs.aloha.tasks import (
     CAMERA_FRAME,
     FPS,
     JOINT_NAMES,

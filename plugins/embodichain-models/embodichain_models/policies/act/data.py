@@ -11,20 +11,20 @@ from typing import Any
 
 import numpy as np
 
-from embodichain.learning.sl import DatasetSource, UsageError
+from embodichain.learning.sl import DatasetSource, UnknownSeeds, UsageError
 from embodichain_models.data.lerobot import lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
-from embodichain_models.policies.aloha.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
-from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.schema import ActConfig
-from embodichain_models.policies.aloha.tasks import (
+from embodichain_models.envs.aloha.scene import Scene
+from embodichain_models.envs.aloha.tasks import (
     CAMERA_FRAME,
     INFO_FILE,
     JOINT_NAMES,
     TASKS,
     AlohaTask,
 )
+from embodichain_models.policies.act.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
+from embodichain_models.policies.act.schema import ActConfig
 
 
 @dataclass
@@ -35,8 +35,8 @@ class ActData:
     fps: int
     env_dim: int
     image_sizes: dict[str, tuple[int, int]]
-    seeds: list[int]
-    """The environment seeds of the demonstrations (`meta/aloha.json`; [] if not recorded)."""
+    seeds: list[int] | UnknownSeeds
+    """The environment seeds of the demonstrations (`meta/aloha.json`; unknown without it)."""
 
 
 def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
@@ -46,7 +46,7 @@ def check_task(task: AlohaTask, tasks: list[str], root: Any) -> None:
         shown = ", ".join(f"{known[t]!r} ({t!r})" if t in known else repr(t) for t in tasks)
         raise UsageError(f"data.root {str(root)!r} holds episodes of task {shown}, not "
                          f"data.task {task.name!r} ({task.text!r}): record one with "
-                         f"`python -m embodichain_models.policies.aloha.prepare --task "
+                         f"`python -m embodichain_models.data.aloha.prepare --task "
                          f"{task.name} ...` or set data.task")
 
 
@@ -145,11 +145,12 @@ def act_data(config: ActConfig, *, chunk: int | None = None, history: int = 1) -
                    demonstration_seeds(data.root))
 
 
-def demonstration_seeds(root: Any) -> list[int]:
-    """The seeds `prepare` recorded the dataset's demonstrations with (its INFO_FILE)."""
+def demonstration_seeds(root: Any) -> list[int] | UnknownSeeds:
+    """The seeds `prepare` recorded the dataset's demonstrations with (its INFO_FILE);
+    unknown where the dataset has no such file (copied without it, or another recorder's)."""
     info = Path(root) / INFO_FILE
     if not info.is_file():
-        return []
+        return UnknownSeeds(f"{info} is missing; `prepare` writes the seeds there")
     try:
         seeds = json.loads(info.read_text()).get("seeds") or []
         return [int(s) for s in seeds]

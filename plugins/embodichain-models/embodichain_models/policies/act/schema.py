@@ -4,7 +4,10 @@ framework's `evaluation:` section (R-EVAL-1)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -18,12 +21,23 @@ from pydantic import (
 )
 
 from embodichain.learning.sl import Section
-from embodichain_models.policies.aloha.tasks import TASKS
+from embodichain_models.envs.aloha.tasks import TASKS
 from embodichain_models.policies.demonstrations import DemonstrationData, dataset_root
 
-PREPARE_COMMAND = ("python -m embodichain_models.policies.aloha.prepare --task TASK "
-                   "--episodes 50 DIR")
-DatasetRoot = dataset_root(PREPARE_COMMAND)
+PREPARE_COMMAND = "python -m embodichain_models.data.aloha.prepare"
+CAMERA_SIZE = "120x160"  # the frame size the camera recipes record (docs/aloha.md)
+
+
+def prepare_command(root: Path, fields: Mapping[str, Any]) -> str:
+    """The command that records what a recipe with these `data` fields reads at `root`: its
+    task, and its cameras at the camera recipes' size (a state recipe records none)."""
+    task = fields.get("task") or "TASK"  # absent: data.task is itself refused
+    cameras = fields.get("cameras")
+    seen = f" --cameras {','.join(cameras)} --size {CAMERA_SIZE}" if cameras else ""
+    return f"{PREPARE_COMMAND} --task {task} --episodes 50{seen} {shlex.quote(str(root))}"
+
+
+DatasetRoot = dataset_root(prepare_command)
 
 
 def _task(name: str) -> str:
@@ -65,8 +79,7 @@ class ModelSection(Section):
 
 
 class DataSection(DemonstrationData):
-    root: DatasetRoot
-    """The LeRobot v3.0 dataset written by the prepare command."""
+    # `root` comes after `task` and `cameras`: a missing dataset's hint records them.
     task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
     chunk: PositiveInt = 50
@@ -77,6 +90,8 @@ class DataSection(DemonstrationData):
     `pixels_agent_pos` (never the objects' poses); none: privileged state (joint positions
     and object poses). The backbone sees the dataset's frame size; the policy takes the
     camera's 480x640 frames and averages them down to it."""
+    root: DatasetRoot
+    """The LeRobot v3.0 dataset written by the prepare command."""
 
 
 class ExecutionSection(Section):

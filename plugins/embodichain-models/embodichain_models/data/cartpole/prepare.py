@@ -1,6 +1,6 @@
 """Record expert cart-pole swing-up demonstrations as a LeRobot v3.0 dataset.
 
-    python -m embodichain_models.policies.cartpole_bc.prepare --out data/cartpole_bc
+    python -m embodichain_models.data.cartpole.prepare --out data/cartpole_bc
 
 (needs `pip install 'embodichain-models[lerobot]'`). Each episode starts hanging near the
 centre and runs the expert of `task.py` for 150 to 210 control steps at 30 Hz; every step
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
-from embodichain_models.perception.cartpole_pixels.render import render
-from embodichain_models.policies.cartpole_bc.task import (
+from embodichain_models.envs.cartpole.render import render
+from embodichain_models.envs.cartpole.task import (
     FPS,
     TASK,
     Expert,

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from embodichain.learning.sl import UsageError
-from embodichain_models.policies.aloha.tasks import MAX_REWARD, AlohaTask, task_named
+from embodichain_models.envs.aloha.tasks import MAX_REWARD, AlohaTask, task_named
 
 SIM_EXTRA = "pip install 'embodichain-models[sim]'"
 PEG_DEPTH = 0.005

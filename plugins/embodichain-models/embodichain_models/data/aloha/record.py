@@ -23,9 +23,9 @@ from functools import cached_property
 
 import numpy as np
 
-from embodichain_models.policies.aloha.expert import EXPERTS
-from embodichain_models.policies.aloha.scene import Scene
-from embodichain_models.policies.aloha.tasks import (
+from embodichain_models.data.aloha.expert import EXPERTS
+from embodichain_models.envs.aloha.scene import Scene
+from embodichain_models.envs.aloha.tasks import (
     CAMERA_FRAME,
     EPISODE_STEPS,
     MAX_REWARD,
@@ -73,7 +73,7 @@ class Recorder:
     def demonstrate(self, seed: int, stop_at_success: bool = False) -> Demonstration:
         """The expert's episode of `seed`; `stop_at_success` ends it at the first step
         reaching the top reward (tests)."""
-        from embodichain_models.policies.aloha.scene import sample_poses
+        from embodichain_models.envs.aloha.scene import sample_poses
 
         ee, scene = self.ee, self.scene
         poses = sample_poses(self.task, seed)
@@ -99,10 +99,11 @@ class Recorder:
                              np.asarray(rewards), actions,
                              finished=scene.task_done(rewards[-1]))
 
-    def frames(self, demo: Demonstration, camera: str, size: tuple[int, int]) -> np.ndarray:
+    def frames(self, demo: Demonstration, camera: str, size: tuple[int, int],
+               rendered: Callable[[], None] | None = None) -> np.ndarray:
         """The camera's frames of `demo`, uint8 `[T, H, W, 3]`, from a replay of its joint
         targets (the physics is deterministic: its states are checked to be the recorded
-        ones)."""
+        ones); `rendered()` is called after each frame (the progress)."""
         self.scene.reset(poses=demo.poses)
         frames = []
         for t, action in enumerate(demo.targets):
@@ -110,6 +111,8 @@ class Recorder:
                 raise RuntimeError(f"seed {demo.seed}: the replay for camera {camera!r} "
                                    f"left the recorded states at step {t}")
             frames.append(self.render(camera, size))
+            if rendered is not None:
+                rendered()
             self.scene.step(action)
         return np.stack(frames)
 
@@ -149,11 +152,13 @@ def downsample(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 class LazyEpisodes(Sequence):
     """The demonstrations as the dataset writer's episodes, camera frames rendered only
-    when the writer reaches an episode's file, so memory holds one file's frames."""
+    when the writer reaches an episode's file, so memory holds one file's frames;
+    `rendered()` is called after each frame."""
 
     def __init__(self, recorder: Recorder, demos: list[Demonstration], cameras: Sequence[str],
-                 size: tuple[int, int]) -> None:
+                 size: tuple[int, int], rendered: Callable[[], None] | None = None) -> None:
         self.recorder, self.demos, self.cameras, self.size = recorder, demos, cameras, size
+        self.rendered = rendered
 
     def __len__(self) -> int:
         return len(self.demos)
@@ -184,5 +189,6 @@ class _Episode:
         values = {"observation.state": d.state, "observation.environment_state": d.env_state,
                   "action": d.action}
         for camera in o.cameras:
-            values[f"observation.images.{camera}"] = o.recorder.frames(d, camera, o.size)
+            values[f"observation.images.{camera}"] = o.recorder.frames(d, camera, o.size,
+                                                                       o.rendered)
         return values

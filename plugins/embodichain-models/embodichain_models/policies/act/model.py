@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from embodichain.learning.sl import LossResult
-from embodichain_models.policies.aloha.backbone import ResNetEncoder, frames_in, random_shift
+from embodichain_models.policies.vision.backbone import ResNetEncoder, frames_in, random_shift
 
 STATE, ENV_STATE, ACTION = "observation.state", "observation.environment_state", "action"
 IMAGE_PREFIX = "observation.images."

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from embodichain_models.dynamics.nerd.physics import CartPoleParams
-from embodichain_models.perception.cartpole_pixels.render import render
-from embodichain_models.policies.cartpole_bc.task import (
+from embodichain_models.envs.cartpole.render import render
+from embodichain_models.envs.cartpole.task import (
     FPS,
     HOLD_S,
     MAX_FORCE,

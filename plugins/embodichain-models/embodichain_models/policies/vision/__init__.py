@@ -1,0 +1,1 @@
+"""What the camera policies share: the image backbone (`backbone.py`)."""
