@@ -28,7 +28,7 @@ from embodichain_models.policies.diffusion.noise import NoiseSchedule
 from embodichain_models.policies.diffusion.unet import ConditionalUnet1d
 from embodichain_models.policies.vision.backbone import (
     ResNetEncoder,
-    _halved,
+    feature_grid,
     frames_in,
     random_shift,
 )
@@ -74,7 +74,7 @@ class KeypointEncoder(nn.Module):
                  size: tuple[int, int]) -> None:
         super().__init__()
         self.backbone = ResNetEncoder(channels, keypoints, size)
-        rows, cols = _halved(size[0], 5), _halved(size[1], 5)
+        rows, cols = feature_grid(size)
         y, x = torch.meshgrid(torch.linspace(-1, 1, rows), torch.linspace(-1, 1, cols),
                               indexing="ij")
         self.register_buffer("grid", torch.stack([x.reshape(-1), y.reshape(-1)], -1),
