@@ -36,7 +36,9 @@ def torchrun(*args: str, pythonpath: Path | None = None) -> float:
     env = bench_env(pythonpath) if pythonpath is not None else bench_env()
     cmd = torchrun_command(*args)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+    # Not from the checkout: `python -m` puts the working directory first on sys.path, ahead
+    # of PYTHONPATH, so a baseline tree's embodichain would lose to the checkout's.
+    proc = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:

@@ -30,7 +30,9 @@ from tests.support.warm_python import WarmPython, fresh_only, torch_mismatch, wa
 
 
 def _without_run_identity(text: str, run: Path) -> str:
+    """The summary without what names the run or measures the machine (time, memory)."""
     text = text.replace(str(run), "RUN")
+    text = re.sub(r"[0-9.]+ GiB", "M", text)
     text = re.sub(r"\b[0-9a-f]{12}\b", "ID", text)
     return re.sub(r"[0-9.]+ s wall, [0-9.]+ updates/s", "T", text)
 

@@ -1,7 +1,8 @@
 """A rank's episodes through its slots: one batched policy forward per step (R-EVAL-1..3).
 
 The rank's episodes (e = rank, rank + W, ...) are started in index order, each in the first
-free slot, reset with seed `seed + e`; the policy is told (`reset(slot)`). Every step, the
+free slot, reset with seed `seed + e`; the policy is told (`reset(slot)`, then
+`seed_episode(slot, seed + e)` if it has one). Every step, the
 policy acts once for all slots (a finished slot's row holds its last observation; its action
 is ignored), then every running slot steps. An episode ends when the environment terminates
 or truncates it, at `max_steps`, or with a fault: an exception, a non-finite observation or
@@ -188,6 +189,9 @@ class EpisodeRunner:
             self.latest[i] = obs
             self.running[i] = episode
             self.policy.reset(i)
+            seeded = getattr(self.policy, "seed_episode", None)
+            if callable(seeded):  # a stochastic policy's noise follows the episode (R-DP-3)
+                seeded(i, episode.seed)
             return
 
     def _step(self, actions: list[Any]) -> None:

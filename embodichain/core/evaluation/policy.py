@@ -18,6 +18,9 @@ class ClosedLoopPolicy(Protocol):
     that every rank runs the same forwards (a collective forward under FSDP). Action
     chunking, temporal ensembling and normalisation are the policy's business. It should be
     deterministic: the same observations give the same actions, whatever the other rows.
+    A stochastic policy (one that samples, as Diffusion Policy) may also have
+    `seed_episode(env_index, seed)`: called after `reset(i)` with the episode's reset seed,
+    so that it draws the episode's noise from it, whatever the rank or slot.
     """
 
     def reset(self, env_index: int) -> None: ...

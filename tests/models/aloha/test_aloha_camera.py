@@ -6,7 +6,6 @@ the camera's uint8 frame as it comes)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -94,28 +93,6 @@ def test_the_camera_recipe_reads_no_object_pose_and_sees_gym_alohas_camera() -> 
 
 
 # -- a short camera run: record, train, evaluate, export ------------------------------------
-
-
-@pytest.fixture(scope="module")
-def camera_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two transfer-cube demonstrations cut to their first 30 steps, the top camera
-    rendered at 480x640 and stored at 24x32 (prepare's path, shortened)."""
-    from embodichain_models.data.aloha.prepare import features
-    from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
-    from embodichain_models.data.lerobot.writer import write_dataset
-    from embodichain_models.envs.aloha.tasks import FPS, TASKS
-
-    root = tmp_path_factory.mktemp("aloha_camera") / "data"
-    recorder = Recorder(TASKS["transfer_cube"])
-    demos = []
-    for seed in (0, 1):
-        demo = recorder.demonstrate(seed)
-        cut = {k: getattr(demo, k)[:30] for k in ("state", "env_state", "action", "rewards",
-                                                  "targets")}
-        demos.append(dataclasses.replace(demo, **cut))
-    write_dataset(root, LazyEpisodes(recorder, demos, ["top"], (24, 32)),  # type: ignore[arg-type]
-                  features(TASKS["transfer_cube"], ["top"], (24, 32)), FPS, robot_type="aloha")
-    return root
 
 
 @pytest.fixture(scope="module")

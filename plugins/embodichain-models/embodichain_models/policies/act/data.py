@@ -91,8 +91,13 @@ def check_evaluation(config: Any, task: AlohaTask) -> None:
             scene.check_camera(camera)
 
 
-def act_data(config: ActConfig) -> ActData:
+def act_data(config: ActConfig, *, chunk: int | None = None, history: int = 1) -> ActData:
+    """The recipe's data: each example the action chunk from its frame on (`chunk`, default
+    `data.chunk`) and, with `history` > 1, the observations (joints, object poses, camera
+    frames) of its frame and the `history`-1 before it, `[history, ...]` oldest first (an
+    episode's first frame repeated before its start), decoded in the data workers."""
     data = config.data
+    chunk = data.chunk if chunk is None else chunk
     task = TASKS[data.task]
     meta = read_meta(data.root)
     check_task(task, meta.tasks, data.root)
@@ -121,7 +126,12 @@ def act_data(config: ActConfig) -> ActData:
                              "the camera's frames down to the dataset's): record with "
                              "prepare --size 480x640, 240x320 or 120x160")
         sizes[camera] = (height, width)
-    options = {"delta_timestamps": {ACTION: [i / meta.fps for i in range(data.chunk)]},
+    observed = [key for key in wanted if key != ACTION] + [IMAGE_PREFIX + c
+                                                           for c in data.cameras]
+    past = [(i - history + 1) / meta.fps for i in range(history)]
+    options = {"delta_timestamps": {ACTION: [i / meta.fps for i in range(chunk)],
+                                    **({key: past for key in observed} if history > 1
+                                       else {})},
                "features": [*wanted, *(IMAGE_PREFIX + c for c in data.cameras)]}
     indices = [e.index for e in meta.episodes]
     if len(indices) <= data.val_episodes:

@@ -75,6 +75,12 @@ class BasicBlock(nn.Module):
         return F.relu(self.norm2(self.conv2(out)) + self.down(x))
 
 
+def feature_grid(size: tuple[int, int]) -> tuple[int, int]:
+    """Rows and columns of the encoder's last feature map for images of `size` (5 halvings,
+    each rounding up as a stride-2 convolution with padding does)."""
+    return _halved(size[0], 5), _halved(size[1], 5)
+
+
 def _halved(n: int, times: int) -> int:
     for _ in range(times):
         n = (n + 1) // 2
@@ -90,7 +96,8 @@ class ResNetEncoder(nn.Module):
     def __init__(self, width: int, hidden: int, size: tuple[int, int]) -> None:
         super().__init__()
         self.size = (int(size[0]), int(size[1]))
-        self.cells = _halved(self.size[0], 5) * _halved(self.size[1], 5)
+        rows, cols = feature_grid(self.size)
+        self.cells = rows * cols
         self.register_buffer("mean", torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1),
                              persistent=False)
         self.register_buffer("std", torch.tensor(IMAGENET_STD).view(1, 3, 1, 1),

@@ -1,0 +1,75 @@
+"""Diffusion Policy in closed loop: the policy's side of the evaluation (R-DP-3).
+
+`HistoryActing` is a `ClosedLoopPolicy` for a batch of environment slots. Each slot keeps
+its own history of the last `n_obs_steps` observations (at its episode's start the first
+observation repeated, as the dataset pads), held by the artifact runner's own `Frames`;
+every `n_action_steps` steps of a slot's episode a new horizon is sampled for it, from
+noise drawn by that slot's `torch.Generator`, seeded with its episode's seed
+(`seed_episode`, which the evaluation calls after `reset`): an episode's noise, hence its
+verdict, does not depend on the rank or slot that ran it. The horizon's first
+`n_action_steps` actions are executed by the runner's `Horizon` execution. Each slot
+samples alone (a batch of one): a batched convolution's float32 result depends in its last
+bits on the other rows, which a closed loop's contacts grow into another trajectory. The
+acting copy holds the full weights, so these forwards are local also under FSDP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodichain.core.deploy.runner import Frames, Horizon
+from embodichain_models.policies.act.execution import observed
+
+SampleFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+class HistoryActing:
+    """See the module's docstring. `sample_fn(histories, noise) -> raw horizon`."""
+
+    def __init__(self, sample_fn: SampleFn, keys: Sequence[str], n_obs_steps: int,
+                 horizon: int, action_dim: int, n_action_steps: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.sample_fn, self.keys = sample_fn, list(keys)
+        self.noise_shape = (horizon, action_dim)
+        self.device = torch.device(device)
+        self.frames = Frames([n_obs_steps] * len(self.keys))
+        self.execution = Horizon(n_action_steps, horizon)
+        self.generators: dict[int, torch.Generator] = {}
+
+    def reset(self, env_index: int) -> None:
+        self.frames.reset(env_index)
+        self.execution.reset(env_index)
+        self.seed_episode(env_index, 0)
+
+    def seed_episode(self, env_index: int, seed: int) -> None:
+        """The episode starting in slot `env_index` draws its noise from `seed`."""
+        self.generators[env_index] = torch.Generator().manual_seed(int(seed))
+
+    def act(self, observations: Mapping[str, Any]) -> np.ndarray:
+        arrays = [_array(observed(observations, k)) for k in self.keys]
+        histories = self.frames.push(arrays)
+        batch = len(arrays[0])
+        execution = self.execution
+        execution.start(batch)
+        horizon = None
+        if execution.wants_chunk():  # some slots start a new horizon
+            assert execution.t is not None
+            horizon = np.zeros((batch, *self.noise_shape), np.float32)
+            for i in np.flatnonzero(execution.t % execution.horizon == 0):
+                generator = self.generators.setdefault(int(i), torch.Generator().manual_seed(0))
+                noise = torch.randn((1, *self.noise_shape), generator=generator)
+                inputs = {k: torch.from_numpy(h[i:i + 1]).to(self.device)
+                          for k, h in zip(self.keys, histories, strict=True)}
+                horizon[i] = self.sample_fn(inputs, noise.to(self.device))[0].detach().cpu()
+        return execution.step(horizon)
+
+
+def _array(value: Any) -> np.ndarray:
+    """A batched observation as the policy takes it: camera frames (uint8) as they come, the
+    rest float32 (gym-aloha's agent_pos is float64)."""
+    array = np.asarray(value)
+    return np.ascontiguousarray(array if array.dtype == np.uint8 else array.astype(np.float32))

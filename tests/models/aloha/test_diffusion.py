@@ -1,0 +1,186 @@
+"""Diffusion Policy's parts (R-DP-1, R-DP-3), without data or a simulator: the noise schedule
+against its closed-form formulas, a horizon the U-Net cannot halve refused at start, each
+slot's observation history across a reset, and DDIM sampling that depends on the episode's
+seed only (not on the slot, the batch or earlier calls)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.support.processes import REPO
+from tests.support.recipes import write_recipe
+
+DIFFUSION_EXAMPLE = REPO / "examples" / "learning" / "aloha" / "transfer_cube_diffusion.yaml"
+
+
+def _alpha_bar(s: float) -> float:
+    return math.cos((s + 0.008) / 1.008 * math.pi / 2) ** 2
+
+
+def test_the_noise_levels_are_the_squared_cosine_schedule() -> None:
+    """Catches a schedule that is not the squared cosine's (a linear one, a shifted index,
+    float32 accumulation): below the cap, abar_t = alpha_bar((t+1)/T) / alpha_bar(0)."""
+    from embodichain_models.policies.diffusion.noise import NoiseSchedule
+
+    schedule = NoiseSchedule(100)
+    betas = schedule.betas.numpy()
+    assert betas.shape == (100,) and betas.max() == 0.999 and np.argmax(betas) == 99
+    for t in (0, 1, 10, 50, 98):  # the last beta is capped at 0.999, these are not
+        assert math.isclose(float(schedule.alphas_cumprod[t]),
+                            _alpha_bar((t + 1) / 100) / _alpha_bar(0), rel_tol=1e-12)
+        assert math.isclose(betas[t], 1 - _alpha_bar((t + 1) / 100) / _alpha_bar(t / 100),
+                            rel_tol=1e-12)
+
+
+def test_ddpm_noise_and_the_ddim_step_are_the_closed_form() -> None:
+    """Catches a forward process or reverse step off the formulas (sqrt forgotten, the
+    previous level miscounted, the final level's abar not 1): noising is sqrt(abar) x0 +
+    sqrt(1 - abar) eps; a DDIM step from t given the true noise lands exactly on the noised
+    sample of the previous level, and the last step returns the clean sample."""
+    from embodichain_models.policies.diffusion.noise import NoiseSchedule
+
+    schedule = NoiseSchedule(100, clip_sample=1.0)
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.rand(3, 16, 14, generator=gen, dtype=torch.float64) * 1.8 - 0.9
+    eps = torch.randn(3, 16, 14, generator=gen, dtype=torch.float64)
+    t = torch.tensor([0, 40, 99])
+    abar = schedule.alphas_cumprod[t].reshape(3, 1, 1)
+    assert torch.allclose(schedule.add_noise(x0, eps, t),
+                          abar.sqrt() * x0 + (1 - abar).sqrt() * eps, rtol=0, atol=1e-12)
+    assert schedule.ddim_timesteps(10) == [90, 80, 70, 60, 50, 40, 30, 20, 10, 0]
+    level = lambda t: torch.full((3,), t)  # noqa: E731
+    x_t = schedule.add_noise(x0, eps, level(90))
+    assert torch.allclose(schedule.ddim_step(eps, 90, x_t, 10),
+                          schedule.add_noise(x0, eps, level(80)), rtol=0, atol=1e-12)
+    x_0 = schedule.add_noise(x0, eps, level(0))
+    assert torch.allclose(schedule.ddim_step(eps, 0, x_0, 10), x0, rtol=0, atol=1e-12)
+    wild = schedule.ddim_step(eps * 0, 0, x_0 * 10, 10)  # the estimate is clipped to +-1
+    assert wild.abs().max() <= 1.0
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("model.horizon", 14, "model.horizon (14) must be a multiple of 4"),
+    ("model.horizon", 15, "model.horizon (15) must be a multiple of 4"),
+    ("model.groups", 5, "width 64 is not a multiple of model.groups (5)")])
+def test_a_unet_shape_that_cannot_be_built_is_refused_naming_the_key(
+        tmp_path: Path, key: str, value: int, message: str) -> None:
+    """Catches an odd horizon reaching the U-Net (a shape error deep in a skip's
+    concatenation, or a silently cropped horizon) and GroupNorm groups that do not divide a
+    width (torch's error at build time): refused at start, exit 2, naming the key, and no
+    run directory made."""
+    from tests.support.cli import invoke
+
+    root = tmp_path / "data"
+    (root / "meta").mkdir(parents=True)
+    (root / "meta" / "info.json").write_text("{}")
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "run", base=DIFFUSION_EXAMPLE,
+                          **{"data.root": str(root), key: value})
+    result = invoke("train-sl", "--config", str(recipe), "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert not (tmp_path / "run").exists()
+
+
+def tiny_policy(**changes: object):
+    from embodichain_models.policies.diffusion.model import DiffusionPolicy, DiffusionShape
+
+    stats = {k: {"min": torch.full((14,), -1.0), "max": torch.full((14,), 1.5)}
+             for k in ("observation.state", "action")}
+    torch.manual_seed(0)
+    shape = DiffusionShape(14, 0, 14, ("top",), ((24, 32),), channels=4, keypoints=4,
+                           image_features=8, down_dims=(8, 16), groups=4, step_embedding=8,
+                           horizon=8, n_action_steps=4, sampling_steps=3, **changes)
+    return DiffusionPolicy(shape, stats).eval()
+
+
+def observation(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
+    return {"agent_pos": rng.normal(size=(batch, 14)),
+            "pixels": {"top": rng.integers(0, 256, (batch, 480, 640, 3), dtype=np.uint8)}}
+
+
+def test_each_slot_keeps_its_own_history_and_a_reset_restarts_it() -> None:
+    """R-DP-3. Catches a history shared by the slots, one not padded with the episode's
+    first observation, or one that survives a slot's reset: after steps A, B and a reset
+    of slot 1 at C, slot 0 sees [B, C] and slot 1 [C, C]."""
+    from embodichain_models.policies.diffusion.acting import HistoryActing
+
+    seen: list[dict[str, torch.Tensor]] = []
+
+    def sample(histories: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        seen.append(histories)
+        return torch.zeros(noise.shape)
+
+    policy = HistoryActing(sample, ["observation.state", "observation.images.top"], 2, 4, 14,
+                           1)
+    rng = np.random.default_rng(0)
+    steps = [observation(rng, 2) for _ in range(3)]
+    policy.reset(0)
+    policy.reset(1)
+    policy.act(steps[0])
+    policy.act(steps[1])
+    policy.reset(1)
+    policy.act(steps[2])
+    assert len(seen) == 6  # each step, a sample for each slot (alone: a batch of one)
+    state = [np.float32(s["agent_pos"]) for s in steps]
+    top = [s["pixels"]["top"] for s in steps]
+
+    def history(call: int, key: str) -> np.ndarray:
+        return seen[call][key].numpy()[0]
+
+    assert np.array_equal(history(0, "observation.state"), np.stack([state[0][0]] * 2))
+    assert np.array_equal(history(4, "observation.state"), np.stack([state[1][0], state[2][0]]))
+    assert np.array_equal(history(5, "observation.state"), np.stack([state[2][1]] * 2))
+    frames = history(4, "observation.images.top")
+    assert frames.dtype == np.uint8 and np.array_equal(frames, np.stack([top[1][0], top[2][0]]))
+    assert np.array_equal(history(5, "observation.images.top"), np.stack([top[2][1]] * 2))
+
+
+def test_ddim_with_a_fixed_generator_is_deterministic_and_follows_the_episode_seed() -> None:
+    """R-DP-3. Catches noise from the global generator (a verdict then depends on what ran
+    before), from the slot (on which slot or rank ran the episode) or drawn for every
+    slot at every sample (on the other slots' steps): the same observations and episode seed
+    give the same actions alone, in slot 1 of 2, and again; another seed other actions;
+    and the sampler itself is deterministic given its noise."""
+    from embodichain_models.policies.diffusion.sl_recipe import make_policy
+
+    model = tiny_policy()
+    obs = observation(np.random.default_rng(1), 2)
+    noise = torch.randn(2, 8, 14, generator=torch.Generator().manual_seed(3))
+    histories = {"observation.state": torch.from_numpy(np.float32(obs["agent_pos"]))[:, None]
+                 .repeat(1, 2, 1),
+                 "observation.images.top": torch.from_numpy(obs["pixels"]["top"])[:, None]
+                 .repeat(1, 2, 1, 1, 1)}
+    assert torch.equal(model.act_chunk(histories, noise), model.act_chunk(histories, noise))
+
+    def actions(slot_seeds: list[int], steps: int = 5) -> np.ndarray:
+        policy = make_policy(model, torch.device("cpu"))
+        for slot, seed in enumerate(slot_seeds):
+            policy.reset(slot)
+            policy.seed_episode(slot, seed)
+        torch.manual_seed(len(slot_seeds))  # the global generator must not matter
+        return np.stack([policy.act(obs) for _ in range(steps)])
+
+    pair = actions([11, 7])
+    again = actions([11, 7])
+    other = actions([12, 8])
+    assert np.array_equal(pair, again)
+    swapped = {"agent_pos": obs["agent_pos"][::-1].copy(),
+               "pixels": {"top": obs["pixels"]["top"][::-1].copy()}}
+    policy = make_policy(model, torch.device("cpu"))
+    for slot, seed in enumerate([7, 11]):
+        policy.reset(slot)
+        policy.seed_episode(slot, seed)
+    assert np.array_equal(np.stack([policy.act(swapped) for _ in range(5)])[:, 0], pair[:, 1])
+    assert not np.allclose(pair[:, 1], other[:, 1])
+    alone = make_policy(model, torch.device("cpu"))
+    alone.reset(0)
+    alone.seed_episode(0, 7)
+    single = np.stack([alone.act({"agent_pos": obs["agent_pos"][1:],
+                                  "pixels": {"top": obs["pixels"]["top"][1:]}})
+                       for _ in range(5)])
+    assert np.array_equal(single[:, 0], pair[:, 1])

@@ -1,0 +1,138 @@
+"""Diffusion Policy on the tiny top-camera recording (R-DP-1..3): an example's observation
+history padded at an episode's start (R-DP-2), and one short run that trains, is judged on 2
+closed-loop episodes with its EMA acting, and exports an artifact giving the checkpoint's
+actions for the same noise (R-DP-3)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from tests.models.aloha.test_diffusion import DIFFUSION_EXAMPLE
+from tests.support.processes import assert_ok, run_cli
+from tests.support.recipes import write_recipe
+
+UPDATES = 4
+TINY = {"device": "cpu", "trainer.batch_size": 4, "trainer.global_batch_size": 8,
+        "trainer.max_updates": UPDATES, "trainer.save_every": UPDATES,
+        "trainer.validate_every": UPDATES, "trainer.log_every": 1, "trainer.data_workers": 1,
+        "trainer.ema": {"decay": 0.5}, "scheduler.warmup_updates": 1,
+        "model.horizon": 8, "model.n_action_steps": 4, "model.down_dims": [8, 16],
+        "model.groups": 4, "model.step_embedding": 8, "model.channels": 4,
+        "model.keypoints": 4, "model.image_features": 8, "model.image_shift": 2,
+        "model.sampling_steps": 3, "data.val_episodes": 1, "evaluation.episodes": 2,
+        "evaluation.max_steps": 6, "evaluation.envs_per_rank": 2}
+
+
+def test_an_example_holds_the_frames_before_it_the_first_repeated_at_the_start(
+        camera_data: Path) -> None:
+    """R-DP-2. Catches a history that reads another episode's frames before an episode's
+    start (or zeros), one in the wrong order, and a horizon not padded by repeating the
+    episode's last action: frame 0 holds [0, 0], frame 1 [0, 1], oldest first, joints and
+    camera alike, and the last frame's horizon repeats its action."""
+    from embodichain_models.policies.act.data import act_data
+    from embodichain_models.policies.diffusion.schema import DiffusionConfig
+
+    config = DiffusionConfig.model_validate(
+        {"data": {"root": str(camera_data), "cameras": ["top"], "val_episodes": 1}})
+    frames = act_data(config, chunk=16, history=2).held_out  # the second episode, 30 frames
+    assert frames is not None
+    first, second, last = frames[0], frames[1], frames[29]
+    state, image = "observation.state", "observation.images.top"
+    assert first[state].shape == (2, 14) and first[image].shape == (2, 3, 24, 32)
+    assert first[f"{state}_is_pad"].tolist() == [True, False]
+    for key in (state, image):
+        assert torch.equal(first[key][0], first[key][1])  # the first frame repeated
+        assert torch.equal(second[key][0], first[key][1])
+        assert not torch.equal(second[key][1], second[key][0])
+    assert last["action"].shape == (16, 14) and last["action_is_pad"][1:].all()
+    assert torch.equal(last["action"][15], last["action"][0])
+
+
+@pytest.fixture(scope="module")
+def diffusion_run(camera_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("aloha_diffusion_run")
+    example = yaml.safe_load(DIFFUSION_EXAMPLE.read_text())
+    recipe = write_recipe(root / "r.yaml", root / "run", base=DIFFUSION_EXAMPLE, **TINY,
+                          **{"data.root": str(camera_data),
+                             "evaluation.env.kwargs": example["evaluation"]["env"]["kwargs"]})
+    assert_ok(run_cli("train-sl", "--config", str(recipe), "--no-progress"))
+    return root / "run"
+
+
+def test_a_short_diffusion_run_trains_and_is_judged_in_closed_loop(
+        diffusion_run: Path) -> None:
+    """R-DP-1. Catches a diffusion recipe that never reaches its closed-loop evaluation
+    (the acting policy refusing the camera observation, a history or horizon of the wrong
+    shape, an episode failing in the sampler): the run logs its noise loss at every update,
+    judges 2 episodes of 6 steps without a fault and validates the held-out noise error,
+    and its checkpoint holds the EMA's camera backbone."""
+    records = [json.loads(line) for line in (diffusion_run / "metrics.jsonl").read_text()
+               .splitlines()]
+    assert [r["step"] for r in records if "train/mse" in r] == list(range(1, UPDATES + 1))
+    final = [r for r in records if "validation/success_rate" in r]
+    assert final and final[-1]["step"] == UPDATES
+    assert final[-1]["validation/episode_length"] == 6
+    episodes = [json.loads(line) for line in (diffusion_run / "evaluations" /
+                                              f"update_{UPDATES:06d}.jsonl").read_text()
+                .splitlines()]
+    assert [(e["seed"], e["length"], e["failure"]) for e in episodes] == [
+        (100000, 6, None), (100001, 6, None)]
+    assert np.isfinite(final[-1]["validation/noise_mse"])
+    from embodichain.core.deploy.trained import trained_model
+
+    model = trained_model(diffusion_run / "last.pt", ema=True).model
+    assert "cameras.top.backbone.stages.0.conv1.weight" in model.state_dict()
+
+
+@pytest.mark.parametrize("suffix", ["pt2", pytest.param("onnx", marks=pytest.mark.slow)])
+def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
+        diffusion_run: Path, tmp_path: Path, suffix: str) -> None:
+    """R-DP-3. Catches an export whose DDIM loop or normalisation differs from the
+    checkpoint's (another step count, the noise not an input, the history not stacked):
+    `export --policy` of the EMA weights takes the 2-frame histories and the noise, and gives
+    the checkpoint's horizon for them, and stepped by the runner with the noise of the
+    episode's seed it acts as the checkpoint's closed-loop policy (a torch.export program;
+    ONNX, ~20 s, in the slow suite)."""
+    from embodichain.core.deploy.runner import PolicyRunner
+    from embodichain.core.deploy.trained import trained_model
+
+    artifact = tmp_path / f"diffusion.{suffix}"
+    assert_ok(run_cli("export", str(diffusion_run), "--policy", str(artifact), "--ema"))
+    runner = PolicyRunner(artifact)
+    specs = runner.interface["observations"]
+    assert specs["observation.images.top"]["stack"] == 2 and specs["noise"]["shape"] == [8, 14]
+    assert runner.interface["execution"] == {"horizon": 4}
+    rng = np.random.default_rng(2)
+    inputs = {"observation.state": rng.normal(size=(2, 2, 14)).astype(np.float32),
+              "observation.images.top": rng.integers(0, 256, (2, 2, 480, 640, 3),
+                                                     dtype=np.uint8),
+              "noise": rng.normal(size=(2, 8, 14)).astype(np.float32)}
+    model = trained_model(diffusion_run / "last.pt", ema=True).model
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    want = model.act_chunk({k: v for k, v in tensors.items() if k != "noise"},
+                           tensors["noise"]).numpy()
+    got = runner.predict(inputs)
+    assert got.shape == (2, 8, 14) and np.allclose(got, want, rtol=1e-4, atol=1e-4)
+    # Step by step: the runner keeps the history and executes 4 of each horizon, given the
+    # noise the checkpoint's closed loop draws from the episode's seed.
+    from embodichain_models.policies.diffusion.sl_recipe import make_policy
+
+    policy = make_policy(model, torch.device("cpu"))
+    policy.reset(0)
+    policy.seed_episode(0, 100001)
+    runner.reset()
+    generator = torch.Generator().manual_seed(100001)
+    for step in range(6):
+        obs = {"observation.state": inputs["observation.state"][:1, step % 2],
+               "observation.images.top": inputs["observation.images.top"][:1, step % 2]}
+        noise = (torch.randn((1, 8, 14), generator=generator).numpy() if step % 4 == 0
+                 else np.zeros((1, 8, 14), np.float32))
+        mine = policy.act({"agent_pos": obs["observation.state"].astype(np.float64),
+                           "pixels": {"top": obs["observation.images.top"]}})
+        assert np.allclose(runner.act({**obs, "noise": noise}), mine, rtol=1e-4, atol=1e-4)
