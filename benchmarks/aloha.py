@@ -11,7 +11,8 @@ episode, one process), and the cost of one camera frame. `eval`: closed-loop epi
 second of `embodichain eval RUN_DIR` (the recipe's evaluation: its scenes per process, one
 batched forward per step, temporal ensembling); beside it, the cost of a step of gym-aloha's
 own environment, which renders three 480x640 cameras every step, and of ours. `curve`: the run's
-`validation/success_rate` at each evaluation with the update, the training wall time to it
+`validation/success_rate` at each evaluation (every verdict with its Wilson 95% interval)
+with the update, the training wall time to it
 (evaluation time excluded and included) and the run's CPU model. `camera`: a step of our
 top-camera environment (`obs_type: pixels_agent_pos`, the top camera rendered as gym-aloha
 renders it) against gym-aloha's own and the state-only one, the camera policy's batched
@@ -38,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from embodichain.core.evaluation.intervals import rate_with_interval, successes_of
 
 
 def _clock() -> tuple[float, float]:
@@ -276,7 +279,9 @@ def curve(run: Path) -> None:
         verdicts = {k.removeprefix("validation/").removesuffix("_rate"): v
                     for k, v in r.items() if k.startswith("validation/") and
                     k.endswith("_rate")}
-        print("    " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(verdicts.items())))
+        print("    " + ", ".join(  # each with its Wilson 95% interval over the episodes
+            f"{k} {rate_with_interval(successes_of(v, count), count)}" if count else
+            f"{k} {v:.2f}" for k, v in sorted(verdicts.items())))
         before += took
 
 

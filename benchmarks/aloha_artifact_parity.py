@@ -50,7 +50,8 @@ def train(workdir: Path, demos: int, updates: int) -> Path:
              "--episodes", str(demos), str(data), cwd=workdir)
     recipe = yaml.safe_load(EXAMPLE.read_text())
     recipe["device"] = "cpu"
-    recipe["trainer"].update(max_updates=updates, validate_every=0, save_every=updates,
+    recipe["trainer"].update(max_updates=updates, validate_every=0, save_best=False,
+                             save_every=updates,
                              log_every=max(1, updates // 5), output_dir=str(workdir / "run"))
     recipe["scheduler"]["warmup_updates"] = min(200, max(1, updates // 6))
     recipe["data"]["root"] = str(data)

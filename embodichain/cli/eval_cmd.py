@@ -22,7 +22,8 @@ def evaluate(
     ] = None,
     seed: Annotated[int | None, typer.Option(
         "--seed", metavar="S", help="Evaluation seed: episode e is reset with S + e (default: "
-        "the recipe's evaluation.seed).")] = None,
+        "the recipe's evaluation.test_seed, else evaluation.seed); seeds overlapping the "
+        "validation seeds are refused.")] = None,
     videos: Annotated[int | None, typer.Option(
         "--videos", metavar="K", help="Film the first K episodes (default: the recipe's "
         "evaluation.videos).")] = None,
@@ -142,9 +143,17 @@ def _print(found: Any, result: Any) -> None:
             for r in result.records]
     print_rows(console, f"episodes of update {found.step}",
                ["episode", "seed", "success", "return", "length", "end"], rows)
-    metrics = [[escape(k), f"{v:.6g}"] for k, v in result.metrics().items()]
-    print_rows(console, f"{found.checkpoint} (update {found.step})", ["metric", "value"],
-               metrics)
+    intervals = result.intervals()  # each success rate's Wilson 95% interval
+    metrics = [[escape(k), f"{v:.6g}", "{:.3f}-{:.3f}".format(*intervals[k])
+                if k in intervals else ""] for k, v in result.metrics().items()]
+    print_rows(console, f"{found.checkpoint} (update {found.step})",
+               ["metric", "value", "95% interval"], metrics)
+    seeds = [r["seed"] for r in result.records]
+    if seeds:
+        console.print(f"seeds {min(seeds)}..{max(seeds)}: " + (
+            "test seeds, which no validation touched" if result.seed_role == "test" else
+            "the validation seeds, which selected the checkpoint (not a test figure: set "
+            "evaluation.test_seed in the recipe, or pass --seed)"))
     console.print(f"wrote {escape(found.out)}: summary.json, episodes.jsonl"
                   + (f", videos/ ({len(result.films)} films)" if result.films else ""))
 

@@ -35,6 +35,7 @@ from embodichain.core.evaluation.admission import (
 )
 from embodichain.core.evaluation.closed_loop import ClosedLoopEvaluation, Overrides
 from embodichain.core.evaluation.records import EvaluationResult, summary
+from embodichain.core.evaluation.seed_ranges import judged_seeds
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
 from embodichain.core.training.model_facts import DEMONSTRATION_SEEDS_UNKNOWN, unknown_seeds
 
@@ -75,9 +76,9 @@ def check_artifact(path: Path, out: Path | None, overrides: Overrides) -> Artifa
     if interface.get("kind", "policy") != "policy":
         raise UsageError(f"{path} is a {interface.get('kind')}, not a policy")
     config = evaluation_of(interface, path)
+    judged, _ = judged_seeds(config, overrides, f"{path}")
     refuse_demonstration_seeds(
-        overrides.seed if overrides.seed is not None else config.seed,
-        overrides.episodes or config.episodes,
+        judged.seed, judged.episodes,
         interface.get("provenance", {}).get("demonstration_seeds") or [], f"{path}")
     destination = out if out is not None else path.parent / f"{path.stem}_eval"
     if destination.exists() and (not destination.is_dir() or any(destination.iterdir())):
@@ -107,15 +108,15 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
     """Run the artifact's evaluation episodes on every rank (one process, or torchrun);
     rank 0 writes episodes.jsonl, summary.json (and films) into `out` (default: beside the
     artifact, `<name>_eval/`) and returns the result (None elsewhere)."""
-    overrides = overrides or Overrides()
+    asked = overrides or Overrides()
     found = ArtifactTarget(**process_group.from_rank_zero_before_group(
-        "eval/artifact", lambda: asdict(check_artifact(path, out, overrides))))
+        "eval/artifact", lambda: asdict(check_artifact(path, out, asked))))
     interface = read_artifact(path)
     config = evaluation_of(interface, path)
+    overrides, role = judged_seeds(config, asked, f"{path}")  # the test seeds by default
     unknown = unknown_seeds(interface.get("provenance", {}))
     if process_group.env_rank() == 0:
-        warn_unknown_seeds(overrides.seed if overrides.seed is not None else config.seed,
-                           overrides.episodes or config.episodes, unknown, f"{path}")
+        warn_unknown_seeds(overrides.seed, overrides.episodes, unknown, f"{path}")
     with process_group.distributed_run("cpu"):
         evaluation = ClosedLoopEvaluation(config, _make_policy(path),
                                           factory=f"the artifact {path}")
@@ -125,6 +126,7 @@ def evaluate_artifact(path: Path, *, out: Path | None = None,
         world_size = process_group.world_size()
     if result is None:
         return found, None
+    result.seed_role = role
     destination = Path(found.out)
     destination.mkdir(parents=True, exist_ok=True)
     result.write(destination / "episodes.jsonl", destination / "videos", destination)

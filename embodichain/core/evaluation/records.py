@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.evaluation.episodes import Outcome
+from embodichain.core.evaluation.intervals import successes_of, wilson_interval
 
 EVALUATIONS = "evaluations"
 INTERRUPTED = ".interrupted.jsonl"  # the episodes an evaluation cut short by a stop finished
@@ -43,6 +44,9 @@ class EvaluationResult:
     films: dict[int, bytes] = field(default_factory=dict, repr=False)
     fps: int = 30
     wall_s: float = 0.0
+    seed_role: str = "validation"
+    """`test` (seeds no validation touched) or `validation` (those that select best.pt:
+    what a validation inside training judges), as `eval` sets it (R-TRUST-2)."""
 
     @classmethod
     def merge(cls, per_rank: Iterable[Sequence[Outcome]], fps: int, wall_s: float
@@ -67,6 +71,13 @@ class EvaluationResult:
             metrics[f"{prefix}/{name}_rate"] = sum(
                 bool((r.get("outcomes") or {}).get(name)) for r in self.records) / n
         return metrics
+
+    def intervals(self, prefix: str = PREFIX) -> dict[str, tuple[float, float]]:
+        """The Wilson 95% interval (R-TRUST-3) of every `_rate` metric of `metrics`, from
+        its count of episodes out of all of them."""
+        n = len(self.records)
+        return {key: wilson_interval(successes_of(value, n), n)
+                for key, value in self.metrics(prefix).items() if key.endswith("_rate")}
 
     def write(self, records_file: Path, films_dir: Path, relative_to: Path
               ) -> dict[int, Path]:
@@ -103,6 +114,14 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def summary(result: EvaluationResult, about: Mapping[str, Any]) -> dict[str, Any]:
-    """`embodichain eval`'s summary.json: what was evaluated, and the metrics."""
+    """`embodichain eval`'s summary.json: what was evaluated, on which seeds (`seeds`,
+    `seed_role`), the metrics, and each success rate's Wilson 95% interval (`intervals`:
+    `{metric: [low, high]}`)."""
+    seeds = [int(r["seed"]) for r in result.records]
     return {**about, "episodes": len(result.records),
-            "metrics": result.metrics(), "wall_s": round(result.wall_s, 3)}
+            "seeds": f"{min(seeds)}..{max(seeds)}" if seeds else "",
+            "seed_role": result.seed_role,
+            "metrics": result.metrics(),
+            "intervals": {k: [round(lo, 4), round(hi, 4)]
+                          for k, (lo, hi) in result.intervals().items()},
+            "wall_s": round(result.wall_s, 3)}

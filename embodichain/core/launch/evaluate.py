@@ -28,6 +28,7 @@ from embodichain.core.evaluation.admission import (
 )
 from embodichain.core.evaluation.closed_loop import Overrides
 from embodichain.core.evaluation.records import EVALUATIONS, EvaluationResult, summary
+from embodichain.core.evaluation.seed_ranges import judged_seeds
 from embodichain.core.launch.train import build_trainer
 from embodichain.core.observe.progress import configure_logging
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
@@ -86,10 +87,10 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"the recipe of {path} has no evaluation section: nothing says which "
                          "environment to run (add one, docs/evaluation.md, and train again, "
                          "or resume with it: it is a resumable change)")
-    section = EvaluationConfig.model_validate(config["evaluation"])
-    refuse_demonstration_seeds(overrides.seed if overrides.seed is not None else section.seed,
-                               overrides.episodes or section.episodes,
-                               demonstration_seeds(run), f"{path}")
+    judged, _ = judged_seeds(EvaluationConfig.model_validate(config["evaluation"]),
+                             overrides, f"{path}")
+    refuse_demonstration_seeds(judged.seed, judged.episodes, demonstration_seeds(run),
+                               f"{path}")
     acting_ema = ema or config["evaluation"].get("acting") == "ema"
     if acting_ema and not (config.get("trainer") or {}).get("ema"):
         raise UsageError(f"--ema: the run of {path} keeps no EMA (trainer.ema); drop --ema")
@@ -106,14 +107,14 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                         progress: Any = None) -> tuple[Target, EvaluationResult | None]:
     """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
     written it (None elsewhere)."""
-    overrides = overrides or Overrides()
+    asked = overrides or Overrides()
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
-        "eval/target", lambda: find_target(target, out, overrides, ema).__dict__))
+        "eval/target", lambda: find_target(target, out, asked, ema).__dict__))
+    overrides, role = judged_seeds(EvaluationConfig.model_validate(
+        found.config["evaluation"]), asked, found.checkpoint)  # the test seeds by default
     if process_group.env_rank() == 0:
-        section = EvaluationConfig.model_validate(found.config["evaluation"])
-        warn_unknown_seeds(overrides.seed if overrides.seed is not None else section.seed,
-                           overrides.episodes or section.episodes, found.unknown_seeds,
+        warn_unknown_seeds(overrides.seed, overrides.episodes, found.unknown_seeds,
                            found.checkpoint)
     # As one rank reads it: no data is sampled, so no world size is refused (R-EVAL-5).
     with rebuilding_to_act(found.model_facts):  # the recipe's data need not be there
@@ -131,6 +132,7 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
             trainer.close()
         world_size = process_group.world_size()  # the group is gone after this block
     if result is not None:
+        result.seed_role = role
         write_result(found, result, overrides, world_size)
     return found, result
 

@@ -1,9 +1,10 @@
 """Curves of one or more runs (R-OBS-1): `train/loss`, every other `train/*` key, every
 `validation/*` key, the learning rate and the share of time waiting for data
-(`time/data_wait_max`) against the update, one line per run, resume and
-roll-back points marked; then each run's time split as stacked bars (R-OPS-2). A panel is
-on a log axis only when its values are positive and span more than two decades; otherwise
-linear (an accuracy, a loss that barely moves).
+(`time/data_wait_max`) against the update, one line per run, resume and roll-back points
+marked; a success rate (`validation/*_rate`) is shaded with its Wilson 95% interval over the
+recipe's `evaluation.episodes` (R-TRUST-3); then each run's time split as stacked bars
+(R-OPS-2). A panel is on a log axis only when its values are positive and span more than
+two decades; otherwise linear (an accuracy, a loss that barely moves).
 
 Reads only run.json and metrics.jsonl (no torch). Drawing needs matplotlib, the optional
 extra `plot`; its absence is a usage error that names the install command.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from embodichain.core.errors import UsageError
+from embodichain.core.evaluation.intervals import successes_of, wilson_interval
 from embodichain.core.observe.time_split_plot import draw_time_split, has_time_split
 from embodichain.core.runs.best_record import run_best
 from embodichain.core.runs.run_dir import METRICS, RUN_JSON, read_metrics, read_run_json
@@ -38,6 +40,22 @@ class RunCurves:
     identity: dict[str, Any]
     records: list[dict[str, Any]]
     events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def episodes(self) -> int | None:
+        """Episodes per closed-loop evaluation (the recipe's `evaluation.episodes`), the n
+        of every `validation/*_rate`; None without an evaluation section."""
+        section = (self.identity.get("config") or {}).get("evaluation") or {}
+        n = section.get("episodes", 50 if section else None)  # the section's default
+        return n if isinstance(n, int) and n > 0 else None
+
+    def interval(self, key: str, value: float) -> tuple[float, float] | None:
+        """The Wilson 95% interval of a success rate `key` at `value` (R-TRUST-3); None
+        for another metric or where the episode count is unknown."""
+        n = self.episodes
+        if not (key.startswith("validation/") and key.endswith("_rate")) or n is None:
+            return None
+        return wilson_interval(min(n, successes_of(value, n)), n)
 
     def series(self, key: str) -> tuple[list[int], list[float]]:
         points = [(r["step"], float(r[key])) for r in self.records
@@ -139,6 +157,10 @@ def build_figure(runs: list[RunCurves]) -> Any:
             ax.plot(steps, values, color=color, label=run.label,
                     marker="o" if len(steps) <= 12 else None, markersize=3)
             plotted += values
+            bands = [run.interval(key, v) for v in values]
+            if all(bands):  # a success rate: its Wilson 95% interval, shaded
+                ax.fill_between(steps, [b[0] for b in bands], [b[1] for b in bands],
+                                color=color, alpha=0.15, linewidth=0, gid="wilson95")
             for event in run.events:
                 style = MARKED_EVENTS.get(event.get("event"))
                 if style and isinstance(event.get("step"), int):
@@ -179,8 +201,10 @@ def _metric_text(run: RunCurves) -> str:
     found = best.best_of(zip(steps, values, strict=True))
     if found is None:
         return f"{best.metric}: -"
+    band = run.interval(best.metric, found[0])
+    within = f", 95% interval {band[0]:.3f}-{band[1]:.3f}" if band else ""
     return (f"{best.metric} ({best.mode}): {_last(run, best.metric)}, best {found[0]:.6g} "
-            f"(update {found[1]})")
+            f"(update {found[1]}{within})")
 
 
 def render_html(runs: list[RunCurves], png: bytes) -> str:

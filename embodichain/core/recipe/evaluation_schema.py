@@ -79,7 +79,15 @@ class EvaluationConfig(Section):
     episodes: PositiveInt = 50
     """Episodes per evaluation; episode e runs on rank e mod world size."""
     seed: StrictInt = 0
-    """Episode e is reset with seed `seed + e`, whatever the world size."""
+    """Episode e is reset with seed `seed + e`, whatever the world size: the validation
+    seeds, which select `best.pt`."""
+    test_seed: StrictInt | None = None
+    """The first of the test seeds (`test_seed .. test_seed + test_episodes - 1`), which no
+    validation touches: `embodichain eval`'s default, for the figures a run reports
+    (R-TRUST-2). None: eval judges the validation seeds (selection and report not
+    separated)."""
+    test_episodes: PositiveInt | None = None
+    """Episodes of the test seeds (default: `episodes`)."""
     max_steps: PositiveInt = 1000
     """An episode still running after this many steps is truncated (ends, judged as is)."""
     envs_per_rank: PositiveInt = 1
@@ -95,6 +103,23 @@ class EvaluationConfig(Section):
     """Wall-clock limit of one episode: past it, the episode fails (reason `timeout`)."""
     video_fps: PositiveInt | None = None
     """Frames per second of the videos (default: the environment's `render_fps`, else 30)."""
+
+    @model_validator(mode="after")
+    def _test_apart(self) -> EvaluationConfig:
+        if self.test_episodes is not None and self.test_seed is None:
+            raise ValueError("evaluation.test_episodes needs evaluation.test_seed (the first "
+                             "test seed)")
+        if self.test_seed is not None:
+            test = (self.test_seed, self.test_seed + (self.test_episodes or self.episodes) - 1)
+            valid = (self.seed, self.seed + self.episodes - 1)
+            if test[0] <= valid[1] and valid[0] <= test[1]:
+                raise ValueError(
+                    f"evaluation.test_seed: the test seeds {test[0]}..{test[1]} overlap the "
+                    f"validation seeds {valid[0]}..{valid[1]} (evaluation.seed, episodes), "
+                    "which select best.pt: the reported figure would come from seeds that "
+                    f"chose the checkpoint. Start the test seeds from {valid[1] + 1} or "
+                    "beyond (e.g. 200000)")
+        return self
 
 
 def evaluation_problems(evaluation: EvaluationConfig | None, ema_on: bool) -> list[str]:

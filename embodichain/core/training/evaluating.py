@@ -78,6 +78,9 @@ def check_acting(trainer: Evaluating, factory: str) -> None:
     c = closed_loop.config
     refuse_demonstration_seeds(c.seed, c.episodes, trainer.demonstration_seeds,
                                "evaluation.seed")
+    if c.test_seed is not None:  # the test seeds too (R-TRUST-2)
+        refuse_demonstration_seeds(c.test_seed, c.test_episodes or c.episodes,
+                                   trainer.demonstration_seeds, "evaluation.test_seed")
     if process_group.is_rank_zero():  # trainers rebuilt to act (eval) know none: no repeat
         warn_unknown_seeds(c.seed, c.episodes, getattr(trainer, "unknown_seeds", None),
                            "evaluation.seed")

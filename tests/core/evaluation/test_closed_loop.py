@@ -185,6 +185,7 @@ def test_eval_of_a_checkpoint_equals_its_validation(world_runs: dict[str, str],
                                                  "videos/episode_0001.mp4"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["step"] == 4 and summary["world_size"] == 1
+    assert summary["seed_role"] == "validation"  # no test_seed: said, not passed off as test
     assert summary["metrics"] == validation_lines(run)[4]
     # Refused by name (exit 2), nothing overwritten: the same --out again; --ema without EMA.
     before = (out / "summary.json").read_bytes()

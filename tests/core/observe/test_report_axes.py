@@ -73,3 +73,30 @@ def test_the_run_table_names_each_runs_own_metric() -> None:
     page = render_html([_run(records, best={"metric": "validation/accuracy", "mode": "max"})],
                        b"")
     assert "validation/accuracy (max): 0.5 (update 20), best 0.75 (update 10)" in page
+
+
+def test_a_success_rate_carries_its_wilson_interval() -> None:
+    """R-TRUST-3: a `validation/*_rate` panel is shaded with the Wilson 95% interval over
+    the recipe's `evaluation.episodes` (46/50 at update 20: 0.812-0.968), the table's best
+    names it; a loss gets none. Catches a rate drawn as if exact, and an interval over
+    another count of episodes."""
+    import matplotlib.pyplot as plt
+
+    from embodichain.core.evaluation.intervals import wilson_interval
+
+    records = [{"step": 10, "validation/success_rate": 0.5, "validation/loss": 1.0},
+               {"step": 20, "validation/success_rate": 0.92, "validation/loss": 0.5}]
+    run = _run(records, best={"metric": "validation/success_rate", "mode": "max"})
+    run.identity["config"] = {"evaluation": {"episodes": 50}}
+    fig, panels = _panels([run])
+    bands = [c for c in panels["validation/success_rate"].collections
+             if c.get_gid() == "wilson95"]
+    assert len(bands) == 1
+    ys = bands[0].get_paths()[0].vertices[:, 1]
+    low, high = wilson_interval(46, 50)
+    assert min(ys) == pytest.approx(wilson_interval(25, 50)[0]) and max(ys) == pytest.approx(high)
+    assert any(y == pytest.approx(low) for y in ys)
+    assert not [c for c in panels["validation/loss"].collections if c.get_gid() == "wilson95"]
+    plt.close(fig)
+    page = render_html([run], b"")
+    assert "best 0.92 (update 20, 95% interval 0.812-0.968)" in page

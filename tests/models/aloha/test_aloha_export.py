@@ -37,7 +37,8 @@ def act_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert invoke("init", "aloha_act", str(root / "packaged.yaml")).exit_code == 0
     recipe = yaml.safe_load((root / "packaged.yaml").read_text())
     recipe["device"] = "cpu"
-    recipe["trainer"].update(batch_size=8, max_updates=4, validate_every=0, save_every=4,
+    recipe["trainer"].update(batch_size=8, max_updates=4, validate_every=0, save_best=False,
+                             save_every=4,
                              log_every=4, output_dir=str(root / "run"))
     recipe["trainer"].pop("global_batch_size", None)
     recipe["scheduler"]["warmup_updates"] = 1

@@ -43,23 +43,113 @@ def _opens_right_early(left, right, objects):
 
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_the_recorded_demonstrations_finish_the_task(task: str) -> None:
-    """Catches demonstrations that teach dropping (R-ALOHA-2): ACT's hand-over replayed in
-    the joint-space scene, where the left finger touches the cube once (reward 4) and the
-    cube lies on the table at step 400; and an insertion judged done though the peg left
-    the socket. Also an expert that no longer reaches the top reward in the scene the
-    policy is judged in: a broken end-effector scene (MuJoCo 3's soft welds leave the
-    gripper's orientation loose), waypoints planned from the wrong objects, or targets
-    without the gripper commands substituted for the gripper joints. Each episode runs its
-    400 steps; the top reward and the task done at the last step are both asked for."""
+    """Catches demonstrations that teach dropping (R-ALOHA-2, R-TRUST-1): ACT's hand-over
+    replayed in the joint-space scene, where the left finger touches the cube once (reward
+    4) and the cube lies on the table at step 400; and an insertion whose peg left the pin
+    before the end (ACT's arms stop pressing at step 340). Also an expert that no longer
+    reaches the top reward in the scene the policy is judged in: a broken end-effector
+    scene (MuJoCo 3's soft welds leave the gripper's orientation loose), waypoints planned
+    from the wrong objects, or targets without the gripper commands substituted for the
+    gripper joints. Each episode runs its 400 steps; the top reward is asked for at the
+    last step."""
     recorder = Recorder(TASKS[task])
     for seed in (0, 1):
         demo = recorder.demonstrate(seed)
         assert len(demo.action) == 400 and demo.success and demo.finished, (
             task, seed, demo.rewards.max(), demo.rewards[-1])
+        assert demo.rewards[-1] == 4  # the top reward's own condition at the last step
         if task == "transfer_cube":
-            assert demo.rewards[-1] == 4 and demo.env_state[-1][2] > HELD
-        else:  # the peg still in the socket, off the table
-            assert recorder.scene.task_done(demo.rewards[-1])
+            assert demo.env_state[-1][2] > HELD
+
+
+def _act_insertion_end(left, right, objects):
+    """ACT's own insertion plan: the arms hold still from step 340 (no press)."""
+    from dataclasses import replace
+
+    plan = experts.insertion(left, right, objects)
+    plan.left[-1], plan.right[-1] = replace(plan.left[-2], t=400), replace(plan.right[-2], t=400)
+    return plan
+
+
+def _peg_depth(env_state: np.ndarray) -> float:
+    """How far (m) the peg's end is inside the socket, along the socket's axis."""
+    import mujoco
+
+    peg, socket = env_state[:7], env_state[7:14]
+    rotation = np.empty(9)
+    mujoco.mju_quat2Mat(rotation, socket[3:])
+    offset = rotation.reshape(3, 3).T @ (peg[:3] - socket[:3])
+    return PEG_HALF + SOCKET_HALF - abs(offset[0])
+
+
+PEG_HALF = SOCKET_HALF = 0.06  # half the peg's and the socket's lengths (gym-aloha's scene)
+
+
+def test_an_insertion_resting_short_of_the_pin_is_not_finished(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-TRUST-1. Catches a strict insertion rule looser than the reward's: the former
+    geometric one (the peg 5 mm into the socket) called done a peg that touched the pin
+    (reward 4) and then sprang back to rest short of it, so strict (66%) exceeded the
+    field's verdict (64%). Two such pegs: one placed 6 mm in, its axis on the socket's
+    (the scene's state set directly), and ACT's own plan replayed, whose arms stop
+    pressing at step 340 and whose peg ends ~17 mm in, off the pin (reward 2)."""
+    from embodichain_models.envs.aloha.scene import Scene
+
+    scene = Scene(TASKS["insertion"])
+    scene.reset(seed=EVAL_SEED)
+    physics = scene.physics
+    socket = physics.data.qpos[23:30].copy()
+    axis = np.empty(9)
+    import mujoco
+
+    mujoco.mju_quat2Mat(axis, socket[3:])
+    depth = 0.006
+    peg = socket.copy()  # the socket's orientation, on its axis, 6 mm in from its +x end
+    peg[:3] = socket[:3] + axis.reshape(3, 3)[:, 0] * (PEG_HALF + SOCKET_HALF - depth)
+    physics.data.qpos[16:23] = peg
+    physics.forward()
+    reward = float(scene._task.get_reward(physics))
+    state = physics.data.qpos[16:30]
+    assert _peg_depth(state) == pytest.approx(depth, abs=1e-9)
+    assert reward < 4 and not scene.task_done(reward)
+
+    monkeypatch.setitem(experts.EXPERTS, "insertion", _act_insertion_end)
+    demo = Recorder(TASKS["insertion"]).demonstrate(0)
+    assert demo.success and not demo.finished, demo.rewards[-1]
+    assert 0.01 < _peg_depth(demo.env_state[-1]) < 0.02  # in the socket, off the pin
+
+
+def test_the_strict_verdict_never_counts_what_the_field_does_not() -> None:
+    """R-TRUST-1, a property over constructed episodes (rewards 0-4, an environment's
+    `task_done` true or false or absent, early termination): strict implies the field's
+    verdict at both limits, and needs the top reward at the judged step. Catches a judge
+    trusting an environment's `task_done` alone (an environment whose own rule is looser
+    than the reward's, as the former insertion rule was), and strict at step 300 judged
+    without the top reward reached by then."""
+    import random
+
+    rng = random.Random(0)
+    seen = {"strict": 0, "field_only": 0}
+    for _ in range(400):
+        judge = AlohaJudge(also_at=5)
+        length = rng.randint(1, 9)
+        rewards = [rng.choice([0, 2, 3, 4, 4]) for _ in range(length)]
+        for t, reward in enumerate(rewards):
+            done = rng.choice([True, False, None])
+            info = {} if done is None else {"task_done": done}
+            terminated = t == length - 1 and rng.random() < 0.2
+            judge.step(info, float(reward), terminated, False)
+        got = judge.outcomes()
+        assert not got["strict_success"] or (got["success"] and rewards[-1] == 4), rewards
+        assert not got["strict_success_5"] or (got["success_5"] and length >= 5
+                                               and rewards[4] == 4), rewards
+        seen["strict"] += got["strict_success"]
+        seen["field_only"] += got["success"] and not got["strict_success"]
+    assert seen["strict"] > 20 and seen["field_only"] > 20  # both kinds were constructed
+    judge = AlohaJudge()  # an environment calling a state without the top reward done
+    for reward in (4.0, 3.0):
+        judge.step({"task_done": True}, reward, False, False)
+    assert judge.outcomes()["success"] and not judge.outcomes()["strict_success"]
 
 
 def test_prepare_keeps_only_demonstrations_that_finish(tmp_path: Path,
@@ -78,7 +168,8 @@ def test_prepare_keeps_only_demonstrations_that_finish(tmp_path: Path,
     assert report["attempts"] == 3
     assert report["expert_success_rate"] == pytest.approx(2 / 3)
     assert report["expert_finish_rate"] == pytest.approx(1 / 3)
-    assert json.loads((root / INFO_FILE).read_text())["seeds"] == [5]
+    info = json.loads((root / INFO_FILE).read_text())
+    assert info["seeds"] == [5] and info["finish_rule"] == "top reward at the last step"
     frames = LeRobotFrames(root)
     assert [e.length for e in frames.episodes] == [400]
     last = frames.tables.columns["observation.environment_state"][-1]

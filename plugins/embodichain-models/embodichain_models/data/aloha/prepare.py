@@ -14,7 +14,8 @@ targets) and the task's text, and with `--cameras` each camera as an mp4 video
 shadows and reflections: about 0.1 s a frame on software OpenGL) and averaged down to
 `--size` (a whole fraction: 480x640, 240x320, 120x160, ...), as the camera policy averages
 the camera's frames when it acts. Seeds are tried from `--seed` up until `--episodes`
-demonstrations finish the task (done at the last step, R-ALOHA-2; the others are dropped,
+demonstrations finish the task (done at the last step, R-ALOHA-2: the top reward's own
+condition at step 400, the evaluation's strict rule, R-TRUST-1; the others are dropped,
 and counted both by the field's verdict, the top reward reached, and by the finish); they
 must stay below 100000, where evaluation seeds begin, so no demonstration is an evaluation
 episode.
@@ -42,6 +43,9 @@ from embodichain_models.envs.aloha.tasks import (
     AlohaTask,
     task_named,
 )
+
+FINISH_RULE = "top reward at the last step"
+"""How `meta/aloha.json` names the rule its demonstrations were kept by."""
 
 IMAGE_BYTES_PER_FILE = 1 << 30  # rendered frames held in memory while one file is written
 
@@ -125,7 +129,10 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
               "seeds": [d.seed for d in kept],
               "failed_seeds": [d.seed for d in attempted if not d.finished],
               "seconds_per_attempt": seconds, "seconds_writing": written,
-              "cameras": list(cameras), "size": list(size) if cameras else None}
+              "cameras": list(cameras), "size": list(size) if cameras else None,
+              # Datasets recorded before this key kept insertions by a looser rule (the
+              # peg 5 mm into the socket) than the strict verdict's.
+              "finish_rule": FINISH_RULE}
     (out / INFO_FILE).write_text(json.dumps(report, indent=2))
     return report
 

@@ -17,7 +17,7 @@ renders three (top, angle, front_close) every step. The reward is gym-aloha's (0
 as gym-aloha's environments do, unless `terminate_on_success=False` (the example recipes'
 evaluation: the episode runs to its limit, so the task can be judged at the last step).
 `info["task_done"]` says whether the task is done in the present state (`Scene.task_done`:
-for insertion the peg in the socket, which the top reward's pin contact outlasts).
+the top reward's own condition at this step, so the strict verdict is never looser).
 `render()` (render_mode "rgb_array") draws `render_camera`; nothing is
 rendered otherwise, so a step costs the physics only (under a millisecond here, where a
 gym-aloha step renders three 480x640 cameras).

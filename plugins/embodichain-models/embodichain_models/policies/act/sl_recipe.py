@@ -7,9 +7,11 @@ cameras' images only (gym-aloha's `pixels_agent_pos`), and the chunk of the next
 `data.chunk` joint targets, with `action_is_pad` past the episode's end. The model is an ACT
 (`model.py`); the recipe's `evaluation:` section judges it in gym-aloha's scene, its
 chunks executed by `execution` (temporal ensembling or a fixed horizon), at every
-validation: `validation/success_rate` (the field's verdict) is the best metric, higher is
-better, reported beside `validation/strict_success_rate` and both at step 300
-(`judge.py`, R-ALOHA-2). With held-out
+validation: `validation/strict_success_rate` (the strict verdict, R-TRUST-1: a policy that
+touches the cube and drops it is not the best) is the best metric, higher is better,
+reported beside `validation/success_rate` (the field's) and both at step 300 (`judge.py`,
+R-ALOHA-2). The validation seeds select; reported figures come from `embodichain eval` on
+the recipe's `evaluation.test_seed` (R-TRUST-2). With held-out
 episodes validation also reports their action error (`validation/action_l1`).
 What the model is built from of the dataset (statistics, fps, sizes) is recorded in its
 checkpoints, so `eval` and `export` rebuild it with the data gone (and `export` without the
@@ -109,7 +111,7 @@ def build_supervised_trainer(config: ActConfig, device: torch.device) -> Supervi
                              objective=objective, device=device,
                              evaluate=evaluate if data and data.held_out is not None else None,
                              policy=policy_factory(model.shape.execution), judge=AlohaJudge,
-                             best=("validation/success_rate", "max"), model_facts=facts,
+                             best=("validation/strict_success_rate", "max"), model_facts=facts,
                              demonstration_seeds=data.seeds if data else ())
 
 

@@ -105,7 +105,7 @@ def build_supervised_trainer(config: DiffusionConfig, device: torch.device
                              objective=objective, device=device,
                              evaluate=evaluate if data and data.held_out is not None else None,
                              policy=make_policy, judge=AlohaJudge,
-                             best=("validation/success_rate", "max"), model_facts=facts,
+                             best=("validation/strict_success_rate", "max"), model_facts=facts,
                              demonstration_seeds=data.seeds if data else ())
 
 
