@@ -409,7 +409,7 @@ def _open_onnx(path: Path, threads: int | None
     wanted = list(input_specs(interface))
     if names != wanted:  # the order too: inputs are positional
         raise ArtifactError(f"{path}: the model's inputs {names} are not its interface's "
-                            f"observations (and noise) {wanted}, in that order")
+                            f"observations {wanted}, in that order")
     output, dims = session.get_outputs()[0].name, list(session.get_outputs()[0].shape)
     want = list(interface["action"]["shape"])  # fixed dimensions contradicting it: refused
     if len(dims) != len(want) + 1 or any(isinstance(d, int) and d != w
