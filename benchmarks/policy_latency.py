@@ -80,7 +80,7 @@ def main() -> None:
     import torch
 
     from embodichain.core.deploy.program import Flat, deployable_of
-    from embodichain.core.deploy.runner import PolicyRunner
+    from embodichain.core.deploy.runner import PolicyRunner, input_specs
     from embodichain.core.deploy.trained import trained_model
 
     torch.set_num_threads(args.threads)
@@ -92,7 +92,7 @@ def main() -> None:
         checkpoint = run / "last.pt" if run.is_dir() else run
         trained = trained_model(checkpoint)
         module, _ = deployable_of(trained.model, trained.factory)
-        keys = onnx_runner.observation_keys
+        keys = list(input_specs(onnx_runner.interface))  # a sampler's noise last
         eager_module = Flat(module, list(keys)).eval()
 
         def eager(observations: dict[str, np.ndarray]) -> np.ndarray:
@@ -101,7 +101,7 @@ def main() -> None:
 
         interface = onnx_runner.interface
         rng = np.random.default_rng(0)
-        observations = [{k: model_input(rng, v) for k, v in interface["observations"].items()}
+        observations = [{k: model_input(rng, v) for k, v in input_specs(interface).items()}
                         for _ in range(args.steps)]
         variants = {"onnx (onnxruntime, runner)": onnx_runner.predict,
                     "pt2 (torch.export, runner)": pt2_runner.predict,

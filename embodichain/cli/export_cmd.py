@@ -80,6 +80,10 @@ def _export_policy(checkpoint: Path, out: Path, fmt: str | None, ema: bool, forc
     typer.echo(f"wrote {done.path}: {interface['kind']} ({done.format}) of update {done.step} "
                f"from {checkpoint}{' (EMA weights)' if ema else ''}")
     typer.echo(f"  observations: {inputs}")
+    if interface.get("noise"):  # drawn by the runner, from each episode's seed
+        noise = interface["noise"]
+        typer.echo(f"  {noise['key']}: {noise['shape']} {noise['kind']}, drawn by the runner "
+                   "per episode (seed_episode)")
     typer.echo(f"  {action['key']}: {action['shape']}"
                + (f", chunk execution {execution}" if execution else "")
                + (f", {interface['fps']} fps" if "fps" in interface else ""))

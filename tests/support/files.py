@@ -37,8 +37,20 @@ def tensors_by_path(value: object, path: str = ""):
 
 
 def doctored_artifact(artifact: Path, out: Path, change: Callable[[dict], None]) -> Path:
-    """A copy of an ONNX artifact whose interface `change` edited in place (the model left
-    as it is): what a foreign or hand-edited file looks like to a runner."""
+    """A copy of an ONNX (or `.pt2`) artifact whose interface `change` edited in place (the
+    model left as it is): what a foreign or hand-edited file looks like to a runner."""
+    if artifact.suffix == ".pt2":
+        import zipfile
+
+        with zipfile.ZipFile(artifact) as src, zipfile.ZipFile(out, "w") as dst:
+            for item in src.infolist():
+                data = src.read(item)
+                if item.filename.endswith("/interface.json"):
+                    interface = json.loads(data)
+                    change(interface)
+                    data = json.dumps(interface).encode()
+                dst.writestr(item, data)
+        return out
     import onnx
 
     from embodichain.core.deploy.runner import INTERFACE_KEY

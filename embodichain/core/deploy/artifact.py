@@ -25,6 +25,7 @@ from embodichain.core.checkpoint.file import published_atomically
 from embodichain.core.deploy.interface import (
     INTERFACE_KEY,
     PT2_INTERFACE_FILE,
+    model_inputs,
     normalized_interface,
     provenance,
 )
@@ -98,7 +99,7 @@ def export_policy(checkpoint: Path, out: Path, *, fmt: str | None = None, ema: b
     evaluation = (trained.run.get("config") or {}).get("evaluation")
     if isinstance(evaluation, Mapping):  # where `embodichain eval ARTIFACT` runs it
         interface["evaluation"] = json.loads(json.dumps(evaluation))
-    flat = Flat(module, list(interface["observations"])).eval()
+    flat = Flat(module, model_inputs(interface)).eval()
     what = f"the deployable forward of factory {trained.factory!r}'s model"
     step("tracing the deployable forward (torch.export)")
     program = export_program(flat, interface, what)
@@ -122,7 +123,7 @@ def _write_onnx(program: torch.export.ExportedProgram, interface: dict[str, Any]
     except ImportError as exc:
         raise UsageError(f"ONNX export needs onnx and onnxscript ({exc.name} is missing): "
                          "pip install 'embodichain-sl[deploy]'") from None
-    keys = list(interface["observations"])
+    keys = model_inputs(interface)
     try:
         with _quiet_exporter():
             onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=keys,

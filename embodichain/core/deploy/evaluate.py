@@ -148,7 +148,11 @@ def _make_policy(path: Path) -> Any:
 
 class _InterfaceKeys:
     """The runner acting on the interface's observation keys of the environment's
-    observations (an environment may give more, e.g. cameras the policy does not use)."""
+    observations (an environment may give more, e.g. cameras the policy does not use), each
+    found under its key or, where the environment names it otherwise, at its declared
+    `source` (a path of keys, e.g. gym-aloha's ["agent_pos"]; a float array cast to the
+    declared dtype, as the checkpoint's policy casts it). The episode's seed reaches the
+    runner, which draws a sampler's noise from it (R-DP-3)."""
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
@@ -156,11 +160,36 @@ class _InterfaceKeys:
     def reset(self, env_index: int) -> None:
         self.runner.reset(env_index)
 
+    def seed_episode(self, env_index: int, seed: int) -> None:
+        self.runner.seed_episode(env_index, seed)
+
     def act(self, observations: Any) -> Any:
         if isinstance(observations, dict):
-            keys = self.runner.observation_keys
-            observations = {k: v for k, v in observations.items() if k in keys}
+            specs = self.runner.interface["observations"]
+            observations = {k: _sourced(observations, k, spec) for k, spec in specs.items()
+                            if _found(observations, k, spec) is not None}
         return self.runner.act(observations)
+
+
+def _found(observations: Any, key: str, spec: dict[str, Any]) -> Any:
+    """The environment's entry (an observation or a space) for `key`: under the key, else at
+    the spec's `source` path; None where neither is."""
+    if key in observations:
+        return observations[key]
+    found = observations if spec.get("source") else None
+    for part in spec.get("source") or []:
+        found = getattr(found, "spaces", found)
+        found = found.get(part) if isinstance(found, dict) else None
+    return found
+
+
+def _sourced(observations: dict[str, Any], key: str, spec: dict[str, Any]) -> Any:
+    import numpy as np
+
+    value = _found(observations, key, spec)
+    if key in observations or not np.issubdtype(np.asarray(value).dtype, np.floating):
+        return value
+    return np.asarray(value).astype(spec["dtype"])
 
 
 def _check_observations(space: Any, interface: dict[str, Any], path: Path) -> None:
@@ -172,12 +201,14 @@ def _check_observations(space: Any, interface: dict[str, Any], path: Path) -> No
         spaces = {next(iter(wanted)): space} if len(wanted) == 1 else {}
     problems = []
     for key, spec in wanted.items():
-        got = spaces.get(key)
+        got = _found(spaces, key, spec)
         if got is None:
             problems.append(f"{key} missing")
             continue
         shape, dtype = list(getattr(got, "shape", None) or []), str(getattr(got, "dtype", ""))
-        if shape != spec["shape"] or dtype != spec["dtype"]:
+        cast = key not in spaces and dtype.startswith("float") and spec["dtype"].startswith(
+            "float")  # a sourced float observation: cast as the checkpoint's policy does
+        if shape != spec["shape"] or (dtype != spec["dtype"] and not cast):
             problems.append(f"{key} is {shape} {dtype}, the policy takes {spec['shape']} "
                             f"{spec['dtype']}")
     if problems:

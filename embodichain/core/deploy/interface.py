@@ -5,7 +5,9 @@ The form (format 1) is the one `embodichain.core.deploy.runner` documents: `kind
 `observations` {key: {shape, dtype, meaning}}, `action` {key, shape, dtype, meaning}, `fps`,
 `chunk`, `execution` ({"horizon": h} or {"temporal_ensemble": m}) and `provenance`.
 Shapes are one example's (no batch dimension); an observation with `stack: n` is one step's
-(`shape`), of which the model takes the last n (`[n, *shape]`).
+(`shape`), of which the model takes the last n (`[n, *shape]`). A model that samples takes
+its starting noise as a last input, declared as `noise` {key, shape, dtype float32, and the
+runner's NOISE_RULE}: the runner draws it by that rule (format 2, written only then).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from embodichain.core.deploy.runner import NOISE_RULE
 from embodichain.core.errors import UsageError
 
 FORMAT = 1
+NOISE_FORMAT = 2  # an interface with `noise`: a format 1 runner cannot draw it
 INTERFACE_KEY = "embodichain.interface"  # ONNX metadata_props entry (the runner's name too)
 PT2_INTERFACE_FILE = "interface.json"  # .pt2 extra file
 KINDS = ("policy", "simulator_step")
@@ -62,6 +66,9 @@ def normalized_interface(declared: Any, factory: str) -> dict[str, Any]:
                              f"length {chunk} ([chunk, action_dim])")
         result["chunk"] = chunk
         result["execution"] = _execution(declared.get("execution"), chunk, where)
+    if declared.get("noise") is not None:
+        result["noise"] = _noise(declared["noise"], result["observations"], where)
+        result["format"] = NOISE_FORMAT
     for key, value in declared.items():  # anything else the model says travels along
         if key not in result and key not in ("actions", "action"):
             result[key] = value
@@ -83,7 +90,35 @@ def _feature(spec: Any, where: str) -> dict[str, Any]:
         if isinstance(stack, bool) or not isinstance(stack, int) or stack < 1:
             raise UsageError(f"{where}: stack {stack!r} is not a positive integer")
         feature["stack"] = stack
+    source = spec.get("source")
+    if source is not None:  # where an environment that names it otherwise gives it
+        if not isinstance(source, list | tuple) or not source or not all(
+                isinstance(part, str) for part in source):
+            raise UsageError(f"{where}: source {source!r} is not a list of keys")
+        feature["source"] = list(source)
     return feature
+
+
+def _noise(spec: Any, observations: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The sampler's noise input: a key of its own, a float32 shape, the runner's rule."""
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("key"), str) \
+            or spec["key"] in observations:
+        raise UsageError(f"{where}: noise {spec!r} names no input key of its own (a dict with "
+                         "key, shape and the runner's NOISE_RULE)")
+    rule = {k: spec.get(k) for k in NOISE_RULE}
+    if rule != NOISE_RULE:
+        raise UsageError(f"{where}: noise rule {rule} is not the one runners draw by, "
+                         f"{NOISE_RULE}")
+    feature = _feature(spec, f"{where}: noise {spec['key']!r}")
+    if feature["dtype"] != "float32" or "stack" in feature:
+        raise UsageError(f"{where}: noise {spec['key']!r} is float32 and not stacked")
+    return {"key": spec["key"], **feature, **NOISE_RULE}
+
+
+def model_inputs(interface: Mapping[str, Any]) -> list[str]:
+    """The model's positional inputs: the observations' keys, then the noise's if any."""
+    noise = interface.get("noise")
+    return [*interface["observations"], *([noise["key"]] if noise else [])]
 
 
 def _positive(value: Any, where: str) -> float | int:

@@ -62,11 +62,12 @@ def deployable_of(model: nn.Module, factory: str) -> tuple[nn.Module, Any]:
 
 def example_inputs(interface: dict[str, Any], batch: int, seed: int = 0
                    ) -> tuple[torch.Tensor, ...]:
-    """The model's inputs for the interface's shapes and dtypes: uniform in [0, 1) for
-    floats, 0..255 for uint8, 0 or 1 otherwise."""
+    """The model's inputs (observations, then the noise if it takes one) for the interface's
+    shapes and dtypes: uniform in [0, 1) for floats, 0..255 for uint8, 0 or 1 otherwise."""
     gen = torch.Generator().manual_seed(seed)
     out = []
-    for spec in interface["observations"].values():
+    noise = [interface["noise"]] if interface.get("noise") else []
+    for spec in [*interface["observations"].values(), *noise]:
         dtype = getattr(torch, spec["dtype"])
         shape = (batch, *([spec["stack"]] if spec.get("stack") else []), *spec["shape"])
         if dtype.is_floating_point:

@@ -3,23 +3,19 @@ imports nothing of embodichain and no torch at module level (design R-LAYER-1), 
 on a robot holding numpy and onnxruntime alone (or copied there as one file).
 
 An ONNX artifact needs numpy and onnxruntime only; a `.pt2` artifact needs torch (imported
-when one is opened). The artifact carries its interface (design R-DEPLOY-1): the ONNX
-model's metadata entry `embodichain.interface`, or the `.pt2` extra file `interface.json`,
-a JSON document::
-
-    {"format": 1, "kind": "policy" | "simulator_step",
-     "observations": {KEY: {"shape": [...], "dtype": "float32", "meaning": "..."}, ...},
-     "action": {"key": KEY, "shape": [chunk, action_dim], "dtype": "float32", "meaning": "..."},
-     "fps": 30, "chunk": 8, "execution": {"horizon": H} | {"temporal_ensemble": M},
-     "provenance": {"run_id", "update", "recipe_sha256", "packages", ...}}
-
-Shapes are one example's, without the batch dimension; an observation with `"stack": n`
-is given one step at a time and the model takes its last n (`[n, *shape]`, the runner
-keeps them per batch slot). `PolicyRunner.predict` maps a batch
-of observations to the model's output (a policy's action chunk `[B, chunk, action_dim]`, a
-simulator step's next state); `PolicyRunner.act` executes the chunks step by step as the
-interface says, one action `[B, action_dim]` per call, each batch slot an episode of its own
-(`reset(i)` when slot i starts a new one). Usable as embodichain's closed-loop policy.
+when one is opened). The artifact carries its interface (design R-DEPLOY-1; docs/deploy.md
+says each field), JSON in the ONNX metadata entry `embodichain.interface` or the `.pt2`
+extra file `interface.json`: `format` (1; 2 with `noise`), `kind` ("policy" or
+"simulator_step"), `observations` {key: {shape, dtype, meaning[, stack]}}, `action` {key,
+shape [chunk, action_dim], dtype, meaning}, `fps`, `chunk`, `execution` ({"horizon": h} or
+{"temporal_ensemble": m}), `noise` {key, shape, dtype float32, **NOISE_RULE} and
+`provenance`. Shapes are one example's, without the batch dimension; of an observation with
+`"stack": n` the model takes the last n steps (`[n, *shape]`, the runner keeps them per batch
+slot); a sampler's model takes its `noise` last, which `act` draws (`episode_noise`).
+`predict` maps a batch of the model's inputs to its output (a policy's action chunk
+`[B, chunk, action_dim]`, a simulator step's next state); `act` executes the chunks as the
+interface says, one action `[B, action_dim]` per call, each batch slot an episode of its
+own (`reset(i)` when slot i starts one). Usable as embodichain's closed-loop policy.
 
     runner = PolicyRunner("policy.onnx")
     runner.reset()
@@ -37,11 +33,18 @@ from typing import Any
 
 import numpy as np
 
-INTERFACE_KEY = "embodichain.interface"
-"""The ONNX metadata_props entry holding the interface (JSON)."""
-PT2_INTERFACE_FILE = "interface.json"
-"""The `.pt2` extra file holding the interface (JSON)."""
-FORMAT = 1
+INTERFACE_KEY = "embodichain.interface"  # the ONNX metadata_props entry holding the interface
+PT2_INTERFACE_FILE = "interface.json"  # the `.pt2` extra file holding it
+FORMATS = (1, 2)  # 2: format 1 and a `noise` drawn by NOISE_RULE (`episode_noise`)
+NOISE_RULE = {"kind": "gaussian", "keying": "episode_seed,sample", "version": 1}
+
+
+def episode_noise(seed: int, sample: int, shape: Sequence[int]) -> np.ndarray:
+    """The noise of an episode's `sample`-th model query (0 the first after its reset):
+    float32 standard normal `shape`, numpy's PCG64 seeded by SeedSequence([seed mod 2^64,
+    sample]). The checkpoint's policy draws by this rule too, so the artifact acts as it."""
+    bits = np.random.PCG64(np.random.SeedSequence([int(seed) % 2**64, int(sample)]))
+    return np.random.Generator(bits).standard_normal(tuple(shape), dtype=np.float32)
 
 
 class ObservationError(ValueError):
@@ -61,38 +64,39 @@ class PolicyRunner:
     """An exported artifact behind its interface: observations checked, chunks executed."""
 
     def __init__(self, path: str | Path, *, threads: int | None = None) -> None:
-        """Open `path` (.onnx with onnxruntime on the CPU, .pt2 with torch). `threads`:
-        onnxruntime's intra-op threads (None: its default)."""
+        """Open `path`: .onnx with onnxruntime on the CPU (`threads` intra-op), .pt2 torch."""
         self.path = Path(path)
-        forward, self.interface = _open(self.path, threads)
-        self._forward = _checked_output(forward, self.interface, self.path)
+        self._model, self.interface = _open(self.path, threads)
         self.observation_keys = tuple(self.interface["observations"])
+        self.noise = self.interface.get("noise")  # a sampler's noise, drawn by `act`
+        self._inputs = input_specs(self.interface)
         self.kind = self.interface.get("kind", "policy")
         self._execution = (execution_for(self.interface) if self.kind == "policy" else None)
-        self._frames = Frames([int(spec.get("stack", 0)) for spec in
-                               self.interface["observations"].values()])
+        stacks = [int(o.get("stack", 0)) for o in self.interface["observations"].values()]
+        self._frames = Frames(stacks)
+        self._episodes: dict[int, list[int]] = {}  # slot: [its episode's seed, noises drawn]
 
     def check(self, observations: Mapping[str, Any], *, step: bool = False
               ) -> tuple[list[np.ndarray], bool]:
-        """The observation arrays in the model's input order and whether they came batched;
+        """The arrays in the model's input order and whether they came batched, else
         ObservationError naming a missing or unknown key, a wrong shape or dtype. `step`:
         one step's observations (a stacked key's latest frame), else the model's inputs."""
-        if not isinstance(observations, Mapping) and len(self.observation_keys) == 1:
-            observations = {self.observation_keys[0]: observations}  # one key: a bare array
+        keys = self.observation_keys if step else tuple(self._inputs)
+        if not isinstance(observations, Mapping) and len(keys) == 1:
+            observations = {keys[0]: observations}  # one key: a bare array
         if not isinstance(observations, Mapping):
-            raise ObservationError(f"observations must be a mapping of "
-                                   f"{list(self.observation_keys)} to arrays, got "
-                                   f"{type(observations).__name__}")
-        unknown = [k for k in observations if k not in self.interface["observations"]]
-        missing = [k for k in self.observation_keys if k not in observations]
+            raise ObservationError(f"observations must be a mapping of {list(keys)} to "
+                                   f"arrays, got {type(observations).__name__}")
+        unknown = [k for k in observations if k not in keys]
+        missing = [k for k in keys if k not in observations]
         if missing or unknown:
-            said = ([f"missing {missing}"] if missing else []) + \
-                   ([f"unknown {unknown}"] if unknown else [])
+            said = [f"{what} {keys}" for what, keys in (("missing", missing),
+                                                        ("unknown", unknown)) if keys]
             raise ObservationError(f"observation keys: {', '.join(said)}; this policy takes "
-                                   f"{list(self.observation_keys)}")
+                                   f"{list(keys)}")
         arrays, batched = [], set()
-        for key in self.observation_keys:
-            spec, value = self.interface["observations"][key], observations[key]
+        for key in keys:
+            spec, value = self._inputs[key], observations[key]
             array = value if isinstance(value, np.ndarray) else _as_numpy(value, key)
             want = tuple(spec["shape"])
             if spec.get("stack") and not step:
@@ -112,7 +116,7 @@ class PolicyRunner:
         if len(batched) > 1 or len({a.shape[0] for a in arrays}) > 1:
             raise ObservationError("observations differ in batch size: "
                                    + ", ".join(f"{k} {list(a.shape)}" for k, a in
-                                               zip(self.observation_keys, arrays, strict=True)))
+                                               zip(keys, arrays, strict=True)))
         return arrays, batched.pop()
 
     def predict(self, observations: Mapping[str, Any]) -> np.ndarray:
@@ -124,23 +128,56 @@ class PolicyRunner:
 
     def reset(self, env_index: int | None = None) -> None:
         """Slot `env_index` (every slot: None) starts a new episode."""
-        if self._execution is None:
-            raise ArtifactError(f"{self.path} is a {self.kind}, not a policy: use predict()")
-        self._execution.reset(env_index)
+        self._policy().reset(env_index)
         self._frames.reset(env_index)
+        if env_index is None:
+            self._episodes.clear()
+        else:
+            self._episodes.pop(env_index, None)
+
+    def seed_episode(self, env_index: int, seed: int) -> None:
+        """Slot `env_index`'s episode (after its `reset`) draws its noise from `seed` (else 0)."""
+        self._episodes[env_index] = [int(seed), 0]
 
     def act(self, observations: Mapping[str, Any]) -> np.ndarray:
         """This step's action `[B, action_dim]` (`[action_dim]` unbatched), the chunk
         execution applied; queries the model only when the execution needs a new chunk."""
-        if self._execution is None:
-            raise ArtifactError(f"{self.path} is a {self.kind}, not a policy: use predict()")
+        execution = self._policy()
         arrays, batched = self.check(observations, step=True)
         arrays = self._frames.push(arrays)
-        execution = self._execution
         execution.start(arrays[0].shape[0])
-        chunk = self._forward(arrays) if execution.wants_chunk() else None
+        chunk = None
+        if execution.wants_chunk():
+            chunk = self._sampled(arrays) if self.noise else self._forward(arrays)
         action = execution.step(chunk)
         return action if batched else action[0]
+
+    def _policy(self) -> Horizon | TemporalEnsemble:
+        if self._execution is None:
+            raise ArtifactError(f"{self.path} is a {self.kind}, not a policy: use predict()")
+        return self._execution
+
+    def _forward(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """The model's output, refused (ArtifactError) unless `[B, *action shape]`: a shorter
+        chunk than the interface declares would be executed as if it were whole."""
+        out, want = self._model(arrays), (arrays[0].shape[0], *self.interface["action"]["shape"])
+        if tuple(out.shape) != want:
+            raise ArtifactError(f"{self.path}: the model gives {list(out.shape)} for a batch of "
+                                f"{want[0]}, its interface declares [batch, *{list(want[1:])}]")
+        return out
+
+    def _sampled(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Each slot taking a chunk samples it from its episode's next noise, alone, as the
+        checkpoint's policy does (a batched convolution's last bits depend on other rows)."""
+        assert self.noise is not None
+        fresh = self._policy().fresh()
+        chunk = np.zeros((len(fresh), *self.interface["action"]["shape"]), np.float32)
+        for i in map(int, np.flatnonzero(fresh)):
+            episode = self._episodes.setdefault(i, [0, 0])
+            noise = episode_noise(*episode, self.noise["shape"])
+            episode[1] += 1
+            chunk[i] = self._forward([a[i:i + 1] for a in arrays] + [noise[None]])[0]
+        return chunk
 
 
 class Frames:
@@ -153,11 +190,7 @@ class Frames:
         self.fresh: np.ndarray | None = None
 
     def reset(self, env_index: int | None) -> None:
-        if self.fresh is not None:
-            if env_index is None:
-                self.fresh[:] = True
-            else:
-                self.fresh[env_index] = True
+        _set_slot(self.fresh, env_index, True)
 
     def push(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         batch = arrays[0].shape[0]
@@ -193,20 +226,19 @@ class Horizon:
             self.t, self.plan = np.zeros(batch, dtype=np.int64), None
 
     def reset(self, env_index: int | None) -> None:
-        if self.t is not None:
-            if env_index is None:
-                self.t[:] = 0
-            else:
-                self.t[env_index] = 0
+        _set_slot(self.t, env_index, 0)
+
+    def fresh(self) -> np.ndarray:  # the slots taking this step's chunk
+        assert self.t is not None
+        return self.t % self.horizon == 0
 
     def wants_chunk(self) -> bool:
-        assert self.t is not None
-        return bool((self.t % self.horizon == 0).any())
+        return bool(self.fresh().any())
 
     def step(self, chunk: np.ndarray | None) -> np.ndarray:
         assert self.t is not None
         if chunk is not None:  # new plans for the slots at a horizon's start
-            fresh = self.t % self.horizon == 0
+            fresh = self.fresh()
             self.plan = chunk.copy() if self.plan is None else self.plan
             self.plan[fresh] = chunk[fresh]
         assert self.plan is not None
@@ -217,9 +249,8 @@ class Horizon:
 
 class TemporalEnsemble:
     """ACT's temporal ensembling (`{"temporal_ensemble": m}`): a chunk every step; the action
-    for step t is the average of every chunk's prediction for t, the one predicted i-th
-    (oldest first) weighted exp(-m * i), computed by `ensembled` (the one arithmetic that
-    the checkpoint's closed loop uses too)."""
+    for step t averages every chunk's prediction for t, the i-th (oldest first) weighted
+    exp(-m * i), by `ensembled` (the one arithmetic the checkpoint's closed loop uses too)."""
 
     def __init__(self, coefficient: float, chunk: int) -> None:
         self.m, self.chunk = float(coefficient), chunk
@@ -233,11 +264,11 @@ class TemporalEnsemble:
             self.count, self.history = np.zeros(batch, dtype=np.int64), None
 
     def reset(self, env_index: int | None) -> None:
-        if self.count is not None:
-            if env_index is None:
-                self.count[:] = 0
-            else:
-                self.count[env_index] = 0
+        _set_slot(self.count, env_index, 0)
+
+    def fresh(self) -> np.ndarray:
+        assert self.count is not None
+        return np.ones(len(self.count), bool)
 
     def wants_chunk(self) -> bool:
         return True
@@ -253,13 +284,11 @@ class TemporalEnsemble:
 
 
 def ensembled(candidates: np.ndarray, count: np.ndarray, m: float) -> np.ndarray:
-    """Temporal ensembling's arithmetic, defined once: `candidates[b, j]` is the prediction
-    for this step that slot b's query of j steps ago made, the first `count[b]` of them real
-    (queries since the slot's reset). In float64 whatever the chunk's dtype, the i-th real
-    prediction (i = 0 the oldest) weighted w_i = exp(-m * i), summed oldest first, divided
-    by the weights' sum; returned as float32. Per slot and elementwise, so the action does
-    not depend on the batch's size or the other slots: a checkpoint and its artifact whose
-    chunks are equal act equally (docs/deploy.md, "Parity")."""
+    """Temporal ensembling's arithmetic, defined once: `candidates[b, j]` is slot b's
+    prediction for this step made j steps ago, the first `count[b]` real (since its reset).
+    In float64, the i-th real one (i = 0 the oldest) weighted exp(-m * i), summed oldest
+    first, over the weights' sum, as float32; per slot and elementwise, so equal chunks act
+    equally whatever the batch (docs/deploy.md, "Parity")."""
     batch, depth = candidates.shape[:2]
     n = np.asarray(count, dtype=np.int64).reshape(batch, 1)
     ago = np.arange(depth)[None, :]
@@ -291,6 +320,17 @@ def execution_for(interface: Mapping[str, Any]) -> Horizon | TemporalEnsemble:
                         "{'horizon': h} or {'temporal_ensemble': m}")
 
 
+def input_specs(interface: Mapping[str, Any]) -> dict[str, Any]:
+    """The model's inputs in order: the observations, then the noise if it takes one."""
+    noise = interface.get("noise")
+    return {**interface["observations"], **({noise["key"]: noise} if noise else {})}
+
+
+def _set_slot(array: np.ndarray | None, env_index: int | None, value: Any) -> None:
+    if array is not None:  # slot env_index's entry, every slot's for None
+        array[slice(None) if env_index is None else env_index] = value
+
+
 def _as_numpy(value: Any, key: str) -> np.ndarray:
     if hasattr(value, "detach"):  # a torch tensor (on the CPU)
         value = value.detach().cpu().numpy()
@@ -319,10 +359,10 @@ def _parse_interface(text: str | None, path: Path) -> dict[str, Any]:
         interface = json.loads(text)
     except ValueError as exc:
         raise ArtifactError(f"{path}: its interface is not JSON ({exc})") from None
-    if not isinstance(interface, dict) or interface.get("format") != FORMAT:
+    if not isinstance(interface, dict) or interface.get("format") not in FORMATS:
         found = interface.get("format") if isinstance(interface, dict) else None
-        raise ArtifactError(f"{path}: interface format {found!r}, this runner reads format "
-                            f"{FORMAT}")
+        raise ArtifactError(f"{path}: interface format {found!r}, this runner reads formats "
+                            f"{list(FORMATS)}")
     observations, action = interface.get("observations"), interface.get("action")
     if not isinstance(observations, dict) or not observations or not all(
             isinstance(v, dict) and "shape" in v and "dtype" in v
@@ -334,35 +374,16 @@ def _parse_interface(text: str | None, path: Path) -> dict[str, Any]:
             not action["shape"] or action["shape"][0] != interface.get("chunk")):
         raise ArtifactError(f"{path}: its action shape {action['shape']} does not start with "
                             f"its chunk {interface.get('chunk')!r}")
+    noise = interface.get("noise")
+    if noise is not None and not (
+            isinstance(noise, dict) and interface["format"] >= 2
+            and all(noise.get(k) == v for k, v in NOISE_RULE.items())
+            and noise.get("key") not in (None, *observations) and noise.get("dtype") == "float32"
+            and isinstance(noise.get("shape"), list) and noise["shape"]
+            and all(isinstance(d, int) and d > 0 for d in noise["shape"])):
+        raise ArtifactError(f"{path}: its noise declaration {noise!r} is not one this runner "
+                            f"can draw (format 2: key, shape, dtype float32, {NOISE_RULE})")
     return interface
-
-
-def _checked_output(forward: Callable[[Sequence[np.ndarray]], np.ndarray],
-                    interface: Mapping[str, Any], path: Path
-                    ) -> Callable[[Sequence[np.ndarray]], np.ndarray]:
-    """`forward`, refusing (ArtifactError) an output that is not `[B, *action shape]`: a
-    shorter chunk than the interface declares would be executed as if it were whole."""
-    want = tuple(int(d) for d in interface["action"]["shape"])
-
-    def checked(arrays: Sequence[np.ndarray]) -> np.ndarray:
-        out = forward(arrays)
-        if tuple(out.shape[1:]) != want or out.shape[0] != arrays[0].shape[0]:
-            raise ArtifactError(f"{path}: the model gives {list(out.shape)} for a batch of "
-                                f"{arrays[0].shape[0]}, its interface declares "
-                                f"[batch, *{list(want)}]")
-        return out
-
-    return checked
-
-
-def _static_output(dims: Sequence[Any], interface: Mapping[str, Any], path: Path) -> None:
-    """An ONNX output whose fixed dimensions contradict the interface's action shape."""
-    want = list(interface["action"]["shape"])
-    fixed = list(dims)[1:]
-    if len(fixed) != len(want) or any(isinstance(d, int) and d != w
-                                       for d, w in zip(fixed, want, strict=True)):
-        raise ArtifactError(f"{path}: the model's output is [{', '.join(map(str, dims))}], "
-                            f"its interface declares [batch, *{want}]")
 
 
 def _open_onnx(path: Path, threads: int | None
@@ -385,11 +406,16 @@ def _open_onnx(path: Path, threads: int | None
     interface = _parse_interface(
         session.get_modelmeta().custom_metadata_map.get(INTERFACE_KEY), path)
     names = [i.name for i in session.get_inputs()]
-    if names != list(interface["observations"]):  # the order too: inputs are positional
+    wanted = list(input_specs(interface))
+    if names != wanted:  # the order too: inputs are positional
         raise ArtifactError(f"{path}: the model's inputs {names} are not its interface's "
-                            f"observations {list(interface['observations'])}, in that order")
-    output = session.get_outputs()[0].name
-    _static_output(session.get_outputs()[0].shape, interface, path)
+                            f"observations {wanted}, in that order")
+    output, dims = session.get_outputs()[0].name, list(session.get_outputs()[0].shape)
+    want = list(interface["action"]["shape"])  # fixed dimensions contradicting it: refused
+    if len(dims) != len(want) + 1 or any(isinstance(d, int) and d != w
+                                         for d, w in zip(dims[1:], want, strict=True)):
+        raise ArtifactError(f"{path}: the model's output is [{', '.join(map(str, dims))}], "
+                            f"its interface declares [batch, *{want}]")
 
     def forward(arrays: Sequence[np.ndarray]) -> np.ndarray:
         return session.run([output], dict(zip(names, arrays, strict=True)))[0]

@@ -140,6 +140,39 @@ def test_each_slot_keeps_its_own_history_and_a_reset_restarts_it() -> None:
     assert np.array_equal(history(5, "observation.images.top"), np.stack([top[2][1]] * 2))
 
 
+def test_the_policy_draws_its_noise_by_the_runners_rule() -> None:
+    """R-DP-3. Catches a policy whose noise is not the runner's (torch's generator, another
+    keying), so that its exported artifact, whose noise the runner draws, would act
+    otherwise: the k-th horizon of the episode of seed s in a slot is sampled from
+    `runner.episode_noise(s, k, [horizon, action_dim])`, whichever slot, from 0 again after
+    the slot's reset."""
+    from embodichain_models.policies.diffusion.acting import HistoryActing
+
+    from embodichain.core.deploy.runner import episode_noise
+
+    drawn: list[np.ndarray] = []
+
+    def sample(histories: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        drawn.append(noise.numpy()[0])
+        return torch.zeros(noise.shape)
+
+    policy = HistoryActing(sample, ["observation.state", "observation.images.top"], 2, 4, 14,
+                           2)
+    obs = observation(np.random.default_rng(0), 2)
+    for slot, seed in enumerate((11, 7)):
+        policy.reset(slot)
+        policy.seed_episode(slot, seed)
+    for _ in range(4):
+        policy.act(obs)
+    policy.reset(0)
+    policy.seed_episode(0, 11)
+    policy.act(obs)
+    keys = [(11, 0), (7, 0), (11, 1), (7, 1), (11, 0), (7, 2)]  # every 2 steps, slot 0, 1
+    assert len(drawn) == len(keys)
+    for noise, (seed, k) in zip(drawn, keys, strict=True):
+        assert np.array_equal(noise, episode_noise(seed, k, (4, 14)))
+
+
 def test_ddim_with_a_fixed_generator_is_deterministic_and_follows_the_episode_seed() -> None:
     """R-DP-3. Catches noise from the global generator (a verdict then depends on what ran
     before), from the slot (on which slot or rank ran the episode) or drawn for every

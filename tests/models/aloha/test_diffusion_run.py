@@ -94,20 +94,25 @@ def test_a_short_diffusion_run_trains_and_is_judged_in_closed_loop(
 def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
         diffusion_run: Path, tmp_path: Path, suffix: str) -> None:
     """R-DP-3. Catches an export whose DDIM loop or normalisation differs from the
-    checkpoint's (another step count, the noise not an input, the history not stacked):
-    `export --policy` of the EMA weights takes the 2-frame histories and the noise, and gives
-    the checkpoint's horizon for them, and stepped by the runner with the noise of the
-    episode's seed it acts as the checkpoint's closed-loop policy (a torch.export program;
-    ONNX, ~20 s, in the slow suite)."""
-    from embodichain.core.deploy.runner import PolicyRunner
+    checkpoint's (another step count, the noise not an input, the history not stacked), and
+    a runner drawing other noise than the checkpoint's policy (another rule, the sample index
+    not counted per slot and episode, the episode's seed not heard): `export --policy` of
+    the EMA weights takes the 2-frame histories and the declared noise, and gives the
+    checkpoint's horizon for them; stepped by the runner, told the episode's seed, it draws
+    `episode_noise(seed, k)` for its k-th horizon and acts as the checkpoint's closed-loop
+    policy (a torch.export program; ONNX, ~20 s, in the slow suite)."""
+    from embodichain.core.deploy.runner import NOISE_RULE, PolicyRunner, episode_noise
     from embodichain.core.deploy.trained import trained_model
 
     artifact = tmp_path / f"diffusion.{suffix}"
     assert_ok(run_cli("export", str(diffusion_run), "--policy", str(artifact), "--ema"))
     runner = PolicyRunner(artifact)
-    specs = runner.interface["observations"]
-    assert specs["observation.images.top"]["stack"] == 2 and specs["noise"]["shape"] == [8, 14]
-    assert runner.interface["execution"] == {"horizon": 4}
+    specs, interface = runner.interface["observations"], runner.interface
+    assert specs["observation.images.top"]["stack"] == 2 and "noise" not in specs
+    assert interface["format"] == 2 and interface["noise"] == {
+        "key": "noise", "shape": [8, 14], "dtype": "float32", "meaning":
+        interface["noise"]["meaning"], **NOISE_RULE}
+    assert interface["execution"] == {"horizon": 4}
     rng = np.random.default_rng(2)
     inputs = {"observation.state": rng.normal(size=(2, 2, 14)).astype(np.float32),
               "observation.images.top": rng.integers(0, 256, (2, 2, 480, 640, 3),
@@ -119,7 +124,7 @@ def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
                            tensors["noise"]).numpy()
     got = runner.predict(inputs)
     assert got.shape == (2, 8, 14) and np.allclose(got, want, rtol=1e-4, atol=1e-4)
-    # Step by step: the runner keeps the history and executes 4 of each horizon, given the
+    # Step by step: the runner keeps the history, executes 4 of each horizon and draws the
     # noise the checkpoint's closed loop draws from the episode's seed.
     from embodichain_models.policies.diffusion.sl_recipe import make_policy
 
@@ -127,12 +132,63 @@ def test_the_artifact_gives_the_checkpoints_actions_for_the_same_noise(
     policy.reset(0)
     policy.seed_episode(0, 100001)
     runner.reset()
-    generator = torch.Generator().manual_seed(100001)
+    runner.seed_episode(0, 100001)
+    fed = []
+    model_of = runner._model
+    runner._model = lambda arrays: fed.append(arrays[-1]) or model_of(arrays)
     for step in range(6):
         obs = {"observation.state": inputs["observation.state"][:1, step % 2],
                "observation.images.top": inputs["observation.images.top"][:1, step % 2]}
-        noise = (torch.randn((1, 8, 14), generator=generator).numpy() if step % 4 == 0
-                 else np.zeros((1, 8, 14), np.float32))
         mine = policy.act({"agent_pos": obs["observation.state"].astype(np.float64),
                            "pixels": {"top": obs["observation.images.top"]}})
-        assert np.allclose(runner.act({**obs, "noise": noise}), mine, rtol=1e-4, atol=1e-4)
+        assert np.allclose(runner.act(obs), mine, rtol=1e-4, atol=1e-4)
+    assert len(fed) == 2  # steps 0 and 4
+    for k, noise in enumerate(fed):
+        assert np.array_equal(noise[0], episode_noise(100001, k, (8, 14)))
+
+
+def outcomes(records: list[dict]) -> list[tuple]:
+    return [(r["episode"], r["seed"], r["success"], r["return"], r["length"], r["end"],
+             r["failure"]) for r in records]
+
+
+def test_eval_of_the_artifact_gives_the_checkpoints_episodes(
+        diffusion_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-DP-3, R-DEPLOY-1. Catches an `eval ARTIFACT` that cannot run a sampler's artifact
+    (no noise to give it, gym-aloha's `agent_pos`/`pixels` not found under the dataset's
+    names) or runs it with other noise than the checkpoint's (the episode's seed not passed
+    on to the runner, or the slot's): `embodichain eval` of the exported EMA policy, in its
+    run's environment (2 slots, 2 episodes), gives the episodes of `eval` of the checkpoint
+    (and of its training's evaluation), the actions of every step equal to float32
+    rounding. A declaration of noise the runner cannot draw is refused (exit 2)."""
+    from embodichain.core.evaluation import episodes
+    from tests.support.cli import invoke
+    from tests.support.files import doctored_artifact
+
+    artifact = tmp_path / "diffusion.pt2"
+    assert_ok(run_cli("export", str(diffusion_run), "--policy", str(artifact), "--ema"))
+    acted: dict[str, list[np.ndarray]] = {}
+    records = {"training": diffusion_run / "evaluations" / f"update_{UPDATES:06d}.jsonl"}
+    for name, target in (("checkpoint", diffusion_run), ("artifact", artifact)):
+        steps = acted.setdefault(name, [])
+        monkeypatch.setattr(episodes, "to_numpy", lambda a, steps=steps: steps.append(
+            np.asarray(a)) or steps[-1])
+        result = invoke("eval", str(target), "--out", str(tmp_path / name), "--no-progress")
+        assert result.exit_code == 0, result.output
+        records[name] = tmp_path / name / "episodes.jsonl"
+    found = {name: outcomes([json.loads(line) for line in path.read_text().splitlines()])
+             for name, path in records.items()}
+    assert len(found["artifact"]) == 2
+    assert found["artifact"] == found["checkpoint"] == found["training"]
+    assert len(acted["artifact"]) == len(acted["checkpoint"]) == 6  # 6 steps of 2 slots
+    assert np.allclose(np.stack(acted["artifact"]), np.stack(acted["checkpoint"]),
+                       rtol=1e-4, atol=1e-4)
+
+    def uniform(interface: dict) -> None:
+        interface["noise"]["kind"] = "uniform"
+
+    bad = doctored_artifact(artifact, tmp_path / "uniform.pt2", uniform)
+    proc = run_cli("eval", str(bad), "--out", str(tmp_path / "bad"))
+    assert proc.returncode == 2, proc.stderr
+    assert "noise declaration" in proc.stderr and "uniform" in proc.stderr
+    assert not (tmp_path / "bad").exists()

@@ -4,13 +4,15 @@
 its own history of the last `n_obs_steps` observations (at its episode's start the first
 observation repeated, as the dataset pads), held by the artifact runner's own `Frames`;
 every `n_action_steps` steps of a slot's episode a new horizon is sampled for it, from
-noise drawn by that slot's `torch.Generator`, seeded with its episode's seed
-(`seed_episode`, which the evaluation calls after `reset`): an episode's noise, hence its
-verdict, does not depend on the rank or slot that ran it. The horizon's first
-`n_action_steps` actions are executed by the runner's `Horizon` execution. Each slot
-samples alone (a batch of one): a batched convolution's float32 result depends in its last
-bits on the other rows, which a closed loop's contacts grow into another trajectory. The
-acting copy holds the full weights, so these forwards are local also under FSDP.
+the noise `runner.episode_noise(seed, k, shape)` of its episode's seed (`seed_episode`, which
+the evaluation calls after `reset`) and the horizon's index k in the episode: an episode's
+noise, hence its verdict, does not depend on the rank or slot that ran it, and the exported
+artifact's runner draws the same noise by the same rule (numpy's, which needs no torch).
+The horizon's first `n_action_steps` actions are executed by the runner's `Horizon`
+execution. Each slot samples alone (a batch of one): a batched convolution's float32
+result depends in its last bits on the other rows, which a closed loop's contacts grow
+into another trajectory. The acting copy holds the full weights, so these forwards are
+local also under FSDP.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodichain.core.deploy.runner import Frames, Horizon
+from embodichain.core.deploy.runner import Frames, Horizon, episode_noise
 from embodichain_models.policies.act.execution import observed
 
 SampleFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
@@ -38,7 +40,7 @@ class HistoryActing:
         self.device = torch.device(device)
         self.frames = Frames([n_obs_steps] * len(self.keys))
         self.execution = Horizon(n_action_steps, horizon)
-        self.generators: dict[int, torch.Generator] = {}
+        self.episodes: dict[int, list[int]] = {}  # slot: [its episode's seed, horizons drawn]
 
     def reset(self, env_index: int) -> None:
         self.frames.reset(env_index)
@@ -47,7 +49,7 @@ class HistoryActing:
 
     def seed_episode(self, env_index: int, seed: int) -> None:
         """The episode starting in slot `env_index` draws its noise from `seed`."""
-        self.generators[env_index] = torch.Generator().manual_seed(int(seed))
+        self.episodes[env_index] = [int(seed), 0]
 
     def act(self, observations: Mapping[str, Any]) -> np.ndarray:
         arrays = [_array(observed(observations, k)) for k in self.keys]
@@ -60,8 +62,9 @@ class HistoryActing:
             assert execution.t is not None
             horizon = np.zeros((batch, *self.noise_shape), np.float32)
             for i in np.flatnonzero(execution.t % execution.horizon == 0):
-                generator = self.generators.setdefault(int(i), torch.Generator().manual_seed(0))
-                noise = torch.randn((1, *self.noise_shape), generator=generator)
+                episode = self.episodes.setdefault(int(i), [0, 0])
+                noise = torch.from_numpy(episode_noise(*episode, self.noise_shape)[None])
+                episode[1] += 1
                 inputs = {k: torch.from_numpy(h[i:i + 1]).to(self.device)
                           for k, h in zip(self.keys, histories, strict=True)}
                 horizon[i] = self.sample_fn(inputs, noise.to(self.device))[0].detach().cpu()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from embodichain.core.deploy.runner import NOISE_RULE
 from embodichain.learning.sl import LossResult
 from embodichain_models.policies.act.model import ACTION, ENV_STATE, IMAGE_PREFIX, STATE
 from embodichain_models.policies.diffusion.noise import NoiseSchedule
@@ -174,11 +175,12 @@ class DiffusionPolicy(nn.Module):
 
     def interface(self) -> dict[str, Any]:
         """The artifact's inputs (each observation stacked over `n_obs_steps`; the sampler's
-        noise), its output, and how horizons are executed."""
+        noise, declared with the rule by which the runner draws it), its output, and how
+        horizons are executed."""
         s = self.shape
         n = s.n_obs_steps
         observations: dict[str, Any] = {STATE: {
-            "shape": [s.state_dim], "dtype": "float32", "stack": n,
+            "shape": [s.state_dim], "dtype": "float32", "stack": n, "source": ["agent_pos"],
             "meaning": "joint positions (6 per arm, radians) and grippers (0 closed, 1 open), "
                        "left arm first (gym-aloha's agent_pos)"}}
         if s.env_dim:
@@ -187,13 +189,15 @@ class DiffusionPolicy(nn.Module):
         for c in s.cameras:
             observations[IMAGE_PREFIX + c] = {
                 "shape": [*s.frame_size, 3], "dtype": "uint8", "stack": n,
+                "source": ["pixels", c],
                 "meaning": f"camera {c!r}, RGB as the camera gives it (gym-aloha's "
                            f"pixels[{c!r}]); resized and normalised inside"}
-        observations[NOISE] = {
-            "shape": [s.horizon, s.action_dim], "dtype": "float32",
-            "meaning": "standard normal noise the sampler denoises into the horizon: draw a "
-                       f"new one whenever a horizon is taken (every {s.n_action_steps} steps)"}
-        return {"observations": observations,
+        noise = {"key": NOISE, "shape": [s.horizon, s.action_dim], "dtype": "float32",
+                 **NOISE_RULE,
+                 "meaning": "standard normal noise the sampler denoises into the horizon, a "
+                            f"new one for each horizon (every {s.n_action_steps} steps), "
+                            "drawn by the runner from the episode's seed"}
+        return {"observations": observations, "noise": noise,
                 "action": {"key": ACTION, "shape": [s.horizon, s.action_dim],
                            "meaning": "joint targets, as observation.state"},
                 "fps": s.fps, "chunk": s.horizon,
