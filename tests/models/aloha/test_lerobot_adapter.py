@@ -107,3 +107,20 @@ def test_wilson_interval_hand_values():
     assert [round(v, 2) for v in wilson(10, 40)] == [0.14, 0.40]
     low, high = wilson(0, 10)
     assert low == 0.0 and round(high, 3) == 0.278
+
+
+def test_tasks_parquet_indexed_by_text_as_lerobot_writes_it(tiny):
+    """meta/tasks.parquet marks the task text as the pandas index (lerobot reads it with
+    `pd.read_parquet` and takes `tasks.iloc[i].name`): without that, lerobot's
+    `LeRobotDataset` gave the row number 0 for every frame's task, not its text. Our own
+    reader still reads the text."""
+    import json
+
+    import pyarrow.parquet as pq
+    from embodichain_models.data.lerobot.metadata import read_meta
+
+    table = pq.read_table(tiny / "meta" / "tasks.parquet")
+    pandas = json.loads(table.schema.metadata[b"pandas"])
+    assert pandas["index_columns"] == ["task"]
+    assert table.column("task").to_pylist() == ["move"]
+    assert read_meta(tiny).tasks == ["move"]
