@@ -14,10 +14,12 @@ import on the CPU torch). It is never a dependency of the project. lerobot's own
 
 `speed`: the matched configuration, one process each on the same cores (OMP_NUM_THREADS=1,
 one data worker, niced, memory bounded), ours and theirs alternated (the order swaps every
-pair). From the logs: seconds per update (ours: `time/elapsed_s` between log lines;
-theirs: `updt_s + data_s`, both the median over log windows after the first), the data-wait
-share (ours `time/data_wait`; theirs `data_s / (updt_s + data_s)`), and the peak RSS of the
-largest process and the wall time (`/usr/bin/time -v`).
+pair; `--full-width` adds ours at the backbone width lerobot cannot halve,
+`model.channels=64`, between the two). From the logs: seconds per update (ours:
+`time/elapsed_s` between log lines; theirs: `updt_s + data_s`, both the median over log
+windows after the first), the data-wait share (ours `time/data_wait`; theirs
+`data_s / (updt_s + data_s)`), and the peak RSS of the largest process and the wall time
+(`/usr/bin/time -v`).
 
 `judge`: a lerobot checkpoint through `lerobot_adapter.LerobotActAdapter` (its
 `select_action`, its normalisation, checked against its own preprocessor first) in our
@@ -87,8 +89,12 @@ def torchvision_ops_shim(where: Path) -> Path:
     return where
 
 
-def ours_command(data: Path, out: Path, updates: int, log_every: int) -> list[str]:
-    sets = {"data.root": data, "trainer.output_dir": out, "trainer.max_updates": updates,
+def ours_command(data: Path, out: Path, updates: int, log_every: int,
+                 **more: object) -> list[str]:
+    """Our recipe's training for `updates` (one batch of 32 an update); `more`: further
+    `--set` keys (dots as double underscores: model__channels=64)."""
+    sets = {**{k.replace("__", "."): v for k, v in more.items()},
+            "data.root": data, "trainer.output_dir": out, "trainer.max_updates": updates,
             "trainer.batch_size": 32, "trainer.global_batch_size": 32,
             "trainer.log_every": log_every, "trainer.save_every": updates,
             "trainer.validate_every": 0, "device": "cpu"}
@@ -111,9 +117,18 @@ def lerobot_matched(updates: int) -> list[str]:
             "--scheduler.decay_lr=0.00003", "--dataset.use_imagenet_stats=false"]
 
 
+CAMERA_POLICY = json.dumps({"observation.state": {"type": "STATE", "shape": [14]},
+                            "observation.images.top": {"type": "VISUAL",
+                                                       "shape": [3, 120, 160]}})
+"""What a camera policy reads (gym-aloha's pixels_agent_pos): by default lerobot takes every
+observation feature of the dataset, the objects' poses (observation.environment_state,
+privileged) included."""
+
+
 def lerobot_command(venv: Path, data: Path, out: Path, updates: int, log_every: int,
                     options: list[str]) -> list[str]:
     return [str(venv / "bin" / "lerobot-train"), f"--dataset.repo_id=local/{data.name}",
+            f"--policy.input_features={CAMERA_POLICY}",
             f"--dataset.root={data}", "--dataset.video_backend=pyav", "--policy.type=act",
             "--policy.device=cpu", "--policy.push_to_hub=false",
             "--policy.pretrained_backbone_weights=null", f"--output_dir={out}",
@@ -144,6 +159,14 @@ def peak_rss_mib(log: Path) -> float:
     return int(found[-1]) / 1024 if found else float("nan")
 
 
+def cpu_seconds(log: Path) -> float:
+    """User + system CPU seconds of the run, its processes together (`/usr/bin/time -v`):
+    what it cost, whatever the machine's load."""
+    text = log.read_text()
+    return sum(float(re.findall(rf"{kind} time \(seconds\): ([\d.]+)", text)[-1])
+               for kind in ("User", "System"))
+
+
 def ours_figures(out: Path) -> dict[str, float]:
     metrics = next(out.rglob("metrics.jsonl"))
     rows = [r for r in map(json.loads, metrics.open()) if "time/elapsed_s" in r]
@@ -151,18 +174,19 @@ def ours_figures(out: Path) -> dict[str, float]:
     per = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(steps, steps[1:], strict=False)]
     return {"s_per_update": statistics.median(per),
             "data_wait": statistics.median(r["time/data_wait"] for r in rows[1:]),
-            "updates": steps[-1][0]}
+            "updates": str(steps[-1][0])}
 
 
 LEROBOT_LINE = re.compile(r"step:(\S+) .*updt_s:([\d.]+) data_s:([\d.]+)")
 
 
 def lerobot_figures(log: Path) -> dict[str, float]:
-    windows = [(float(u), float(d)) for _, u, d in LEROBOT_LINE.findall(log.read_text())]
+    lines = LEROBOT_LINE.findall(log.read_text())
+    windows = [(float(u), float(d)) for _, u, d in lines]
     later = windows[1:] or windows
     return {"s_per_update": statistics.median(u + d for u, d in later),
             "data_wait": statistics.median(d / (u + d) for u, d in later),
-            "updates": len(windows)}
+            "updates": lines[-1][0]}
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -174,15 +198,20 @@ def speed(args: argparse.Namespace) -> None:
     for pair in range(args.pairs):
         runs = [("ours", ours_command(args.data, out / f"ours_{pair}", args.updates,
                                       args.log_every), ours_env),
+                *([("ours_w64", ours_command(args.data, out / f"ours_w64_{pair}",
+                                             args.updates, args.log_every,
+                                             model__channels=64), ours_env)]
+                  if args.full_width else []),
                 ("lerobot", lerobot_command(args.venv, args.data, out / f"lerobot_{pair}",
                                             args.updates, args.log_every,
                                             lerobot_matched(args.updates)), theirs_env)]
         for name, command, env in runs if pair % 2 == 0 else runs[::-1]:
             log = out / f"{name}_{pair}.log"
             wall = bounded(command, log, env, args.limit_s)
-            figures = (ours_figures(out / f"ours_{pair}") if name == "ours"
-                       else lerobot_figures(log))
+            figures = (lerobot_figures(log) if name == "lerobot"
+                       else ours_figures(out / f"{name}_{pair}"))
             row = {"pair": pair, "who": name, **figures, "wall_s": round(wall, 1),
+                   "cpu_s": round(cpu_seconds(log), 1),
                    "peak_rss_mib": round(peak_rss_mib(log), 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -207,6 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--log-every", type=int, default=10)
     s.add_argument("--pairs", type=int, default=1)
     s.add_argument("--limit-s", type=int, default=3600)
+    s.add_argument("--full-width", action="store_true",
+                   help="also ours with lerobot's backbone width (model.channels=64)")
     s.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot"))
     from vs_lerobot_judge import add_judge_commands
 

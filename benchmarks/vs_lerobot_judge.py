@@ -1,19 +1,21 @@
 """`vs_lerobot.py judge` and `as-shipped`: a lerobot-trained ACT and ours judged on the same
 test seeds in our environment (see vs_lerobot.py's docstring).
 
-A lerobot checkpoint acts through `lerobot_adapter.LerobotActAdapter`, in this venv with the
-side venv's site-packages appended to sys.path (lerobot, draccus, the real torchvision:
-both venvs hold the same CPU torch 2.13 and Python). `batch` scenes step together (reset
-with seeds S+e, run to `max_steps`, never ended at success), so lerobot's temporal ensembler
-and chunk queue see one synchronous batch; each episode's verdicts are `AlohaJudge`'s, the
-ones `embodichain eval` gives ours.
+A lerobot checkpoint acts through `lerobot_adapter.LerobotActAdapter` in a child process run
+by the side venv's Python (lerobot's own dependencies first: its PyAV differs from ours),
+with this venv's site-packages added after them for our environment (both venvs hold the
+same CPU torch 2.13 and Python), the torchvision shim on PYTHONPATH. `batch` scenes step
+together (reset with seeds S+e, run to `max_steps`, never ended at success), so lerobot's
+temporal ensembler and chunk queue see one synchronous batch; each episode's verdicts are
+`AlohaJudge`'s, the ones `embodichain eval` gives ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import runpy
+import os
+import site
 import subprocess
 import sys
 import sysconfig
@@ -35,14 +37,24 @@ from lerobot_adapter import (
 OUTCOMES = ("success", "strict_success")
 
 
-def import_lerobot(venv: Path, shim_dir: Path) -> None:
-    """Make the side venv's packages importable here (after ours), the torchvision shim
-    first (see `vs_lerobot.torchvision_ops_shim`)."""
+OUR_SITE = "EMBODICHAIN_SITE_PACKAGES"
+
+
+def lerobot_child(args: argparse.Namespace, out: Path) -> dict:
+    """Run `judge-lerobot` under the side venv's Python; its result."""
+    from common import bench_env
     from vs_lerobot import torchvision_ops_shim
 
-    runpy.run_path(str(torchvision_ops_shim(shim_dir) / "sitecustomize.py"))
-    site = sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
-    sys.path.append(site)
+    shim = torchvision_ops_shim(out / "tvops")
+    command = [str(args.venv / "bin" / "python"), str(Path(__file__).with_name("vs_lerobot.py")),
+               "judge-lerobot", str(args.lerobot_run.resolve()), "--data",
+               str(args.data.resolve()), "--seed", str(args.seed), "--episodes",
+               str(args.episodes), "--batch", str(args.batch), "--max-steps",
+               str(args.max_steps), "--out", str(out)]
+    env = bench_env(shim, **{OUR_SITE: sysconfig.get_paths()["purelib"],
+                             "HF_HUB_OFFLINE": "1"})
+    subprocess.run(command, check=True, env=env)
+    return json.loads((out / "lerobot.json").read_text())
 
 
 def load_adapter(checkpoint: Path, data: Path) -> tuple[LerobotActAdapter, dict]:
@@ -137,22 +149,30 @@ def judge_ours(run: Path, seed: int, episodes: int, out: Path) -> dict:
     return rates(flat)
 
 
-def judge(args: argparse.Namespace) -> None:
-    out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    import_lerobot(args.venv, out / "tvops")
-    adapter, about = load_adapter(args.lerobot_run.resolve(), args.data.resolve())
+def judge_lerobot(args: argparse.Namespace) -> None:
+    """(In the side venv's Python.) lerobot's episodes, into OUT/lerobot.json."""
+    site.addsitedir(os.environ[OUR_SITE])  # after lerobot's: our environment's packages
+    adapter, about = load_adapter(args.lerobot_run, args.data)
     torch.manual_seed(0)
     start = time.perf_counter()
     records, checked = run_episodes(adapter, args.seed, args.episodes, args.batch,
                                     args.max_steps, Path(about["model_dir"]))
-    result = {"lerobot": {**about, "seeds": [args.seed, args.seed + args.episodes - 1],
-                          "max_steps": args.max_steps, "normalisation_vs_lerobot": checked,
-                          "wall_s": round(time.perf_counter() - start, 1),
-                          **rates(records)}}
+    result = {**about, "seeds": [args.seed, args.seed + args.episodes - 1],
+              "max_steps": args.max_steps, "normalisation_vs_lerobot": checked,
+              "wall_s": round(time.perf_counter() - start, 1), **rates(records),
+              "episodes": records}
+    (args.out / "lerobot.json").write_text(json.dumps(result, indent=1))
+
+
+def judge(args: argparse.Namespace) -> None:
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    result = {}
     if args.ours is not None:
         result["ours"] = judge_ours(args.ours, args.seed, args.episodes, out / "ours_eval")
-    (out / "judge.json").write_text(json.dumps({**result, "episodes": records}, indent=1))
+    theirs = lerobot_child(args, out)
+    result["lerobot"] = {k: v for k, v in theirs.items() if k != "episodes"}
+    (out / "judge.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
 
@@ -189,6 +209,11 @@ def add_judge_commands(commands: argparse._SubParsersAction) -> None:
     j.add_argument("--max-steps", type=int, default=400)
     j.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot_judge"))
     j.set_defaults(func=judge)
+    child = commands.add_parser("judge-lerobot", help=argparse.SUPPRESS)
+    for action in j._actions[1:]:
+        if action.dest not in ("ours", "help"):
+            child._add_action(action)
+    child.set_defaults(func=judge_lerobot)
     a = commands.add_parser("as-shipped", help="each as it ships, equal wall-clock")
     a.add_argument("data", type=Path)
     a.add_argument("--minutes", type=float, default=45)
