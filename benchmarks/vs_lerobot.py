@@ -39,7 +39,7 @@ what stays different (lerobot has no option for it):
   lr 3e-4 (backbone too) weight decay 1e-4, gradient clip 10, cosine decay to 3e-5 after
   200 warm-up updates (lerobot's `cosine_decay_with_warmup`), temporal ensembling m 0.01
   (lerobot: n_action_steps 1), the same updates, seed 0, backbone from scratch, one data
-  worker.
+  worker, the joints and the top camera only (`--policy.input_features`).
 - different: the backbone (ours: ResNet-18 layout at half width, 32 channels, GroupNorm;
   lerobot: torchvision's resnet18, 64 channels, FrozenBatchNorm2d, i.e. no normalisation
   when trained from scratch); the image input (ours: [0, 1] plus a random shift of up to 6
@@ -47,10 +47,12 @@ what stays different (lerobot has no option for it):
   `dataset.use_imagenet_stats=false` since the backbone is not ImageNet's, no augmentation);
   weight decay (ours: not on biases and norms; lerobot: on every parameter); lerobot's
   warm-up and decay are rescaled to the run's length when it is shorter than the decay
-  (ours: warm-up 200 then cosine over the run); positional embeddings (ours: learned;
-  lerobot: sinusoidal 2-D for the image features, learned for the rest); the data loader
-  (ours: fork, prefetch 2; lerobot: spawn, prefetch 4, persistent workers). The loss is
-  the same (L1 of the normalised chunk over the steps inside the episode).
+  (ours: warm-up 200 then cosine over the run); positions (ours: a learned embedding
+  added once to the encoder's input, learned decoder queries; lerobot: added to queries
+  and keys in every attention layer, DETR's way, sinusoidal 2-D for the image features);
+  the data loader (ours: fork, prefetch 2; lerobot: spawn, prefetch 4, persistent
+  workers). The loss is the same (L1 of the normalised chunk over the steps inside the
+  episode).
 """
 
 from __future__ import annotations
@@ -89,18 +91,23 @@ def torchvision_ops_shim(where: Path) -> Path:
     return where
 
 
+def train_sl(sets: dict[str, object], *options: str) -> list[str]:
+    """`embodichain train-sl` of our camera recipe with `--set` `sets`."""
+    return [sys.executable, "-m", "embodichain", "train-sl", "--config", str(RECIPE),
+            "--no-progress", *options,
+            *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+
+
 def ours_command(data: Path, out: Path, updates: int, log_every: int,
                  **more: object) -> list[str]:
-    """Our recipe's training for `updates` (one batch of 32 an update); `more`: further
-    `--set` keys (dots as double underscores: model__channels=64)."""
-    sets = {**{k.replace("__", "."): v for k, v in more.items()},
-            "data.root": data, "trainer.output_dir": out, "trainer.max_updates": updates,
-            "trainer.batch_size": 32, "trainer.global_batch_size": 32,
-            "trainer.log_every": log_every, "trainer.save_every": updates,
-            "trainer.validate_every": 0, "device": "cpu"}
-    return [sys.executable, "-m", "embodichain", "train-sl", "--config", str(RECIPE),
-            "--no-progress",
-            *(a for k, v in sets.items() for a in ("--set", f"{k}={v}"))]
+    """Our recipe's training for `updates`, one process, one batch of 32 an update; `more`:
+    further `--set` keys (dots as double underscores: model__channels=64)."""
+    return train_sl({**{k.replace("__", "."): v for k, v in more.items()},
+                     "data.root": data, "trainer.output_dir": out,
+                     "trainer.max_updates": updates, "trainer.batch_size": 32,
+                     "trainer.global_batch_size": 32, "trainer.log_every": log_every,
+                     "trainer.save_every": updates, "trainer.validate_every": 0,
+                     "device": "cpu"})
 
 
 def lerobot_matched(updates: int) -> list[str]:

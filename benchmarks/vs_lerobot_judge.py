@@ -177,18 +177,24 @@ def judge(args: argparse.Namespace) -> None:
 
 
 def as_shipped(args: argparse.Namespace) -> None:
-    """Both as each ships, the same wall-clock minutes each (alternated: ours first), the
-    newest checkpoint of each then judged."""
+    """Both as each ships, the same wall-clock minutes each, one after the other (ours
+    first), stopped by SIGTERM at the limit (ours then saves a snapshot; lerobot's newest
+    is its last `save_freq` one); then judge both (the command is printed).
+
+    Ours: the recipe as written on 2 processes (batch 16 each, global 32), validation off.
+    lerobot: ACT's defaults (dim 512, chunk 100, n_action_steps 100, the VAE, lr 1e-5,
+    batch 8, ImageNet statistics), the backbone from scratch (ImageNet weights are out of
+    reach here), one data worker (its default 4 would crowd 2 cores)."""
     from common import bench_env
-    from vs_lerobot import bounded, lerobot_command, ours_command, torchvision_ops_shim
+    from vs_lerobot import bounded, lerobot_command, torchvision_ops_shim, train_sl
 
     out = args.out.resolve()
     limit = int(args.minutes * 60)
     shim = torchvision_ops_shim(out / "tvops")
-    ours = ours_command(args.data, out / "ours", 8000, 50)
-    ours += ["--set", "trainer.save_every=200", "--set", "trainer.batch_size=16"]
-    theirs = lerobot_command(args.venv, args.data, out / "lerobot", 100_000, 50,
-                             ["--policy.n_action_steps=100", "--batch_size=8"])
+    ours = train_sl({"data.root": args.data.resolve(), "trainer.output_dir": out / "ours",
+                     "trainer.save_every": 200, "trainer.validate_every": 0,
+                     "device": "cpu"}, "--nproc-per-node", "2")
+    theirs = lerobot_command(args.venv, args.data.resolve(), out / "lerobot", 100_000, 50, [])
     theirs = [a if not a.startswith("--save_freq") else "--save_freq=200" for a in theirs]
     for name, command, env in (("ours", ours, bench_env()),
                                ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1"))):
