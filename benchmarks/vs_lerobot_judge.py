@@ -192,10 +192,11 @@ def as_shipped(args: argparse.Namespace) -> None:
     limit = int(args.minutes * 60)
     shim = torchvision_ops_shim(out / "tvops")
     ours = train_sl({"data.root": args.data.resolve(), "trainer.output_dir": out / "ours",
-                     "trainer.save_every": 200, "trainer.validate_every": 0,
+                     "trainer.save_every": args.save_every, "trainer.validate_every": 0,
                      "device": "cpu"}, "--nproc-per-node", "2")
     theirs = lerobot_command(args.venv, args.data.resolve(), out / "lerobot", 100_000, 50, [])
-    theirs = [a if not a.startswith("--save_freq") else "--save_freq=200" for a in theirs]
+    theirs = [a if not a.startswith("--save_freq") else f"--save_freq={args.save_every}"
+              for a in theirs]
     for name, command, env in (("ours", ours, bench_env()),
                                ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1"))):
         bounded(command, out / f"{name}.log", env, limit)
@@ -223,5 +224,6 @@ def add_judge_commands(commands: argparse._SubParsersAction) -> None:
     a = commands.add_parser("as-shipped", help="each as it ships, equal wall-clock")
     a.add_argument("data", type=Path)
     a.add_argument("--minutes", type=float, default=45)
+    a.add_argument("--save-every", type=int, default=200, help="updates between snapshots")
     a.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot_shipped"))
     a.set_defaults(func=as_shipped)
