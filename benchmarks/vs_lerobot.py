@@ -197,19 +197,19 @@ def lerobot_figures(log: Path) -> dict[str, float]:
 
 
 def speed(args: argparse.Namespace) -> None:
-    out = args.out.resolve()
+    out, data = args.out.resolve(), args.data.resolve()  # the runs start in the repository
     shim = torchvision_ops_shim(out / "tvops")
     ours_env = bench_env()
     theirs_env = bench_env(shim, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     rows = []
     for pair in range(args.pairs):
-        runs = [("ours", ours_command(args.data, out / f"ours_{pair}", args.updates,
+        runs = [("ours", ours_command(data, out / f"ours_{pair}", args.updates,
                                       args.log_every), ours_env),
-                *([("ours_w64", ours_command(args.data, out / f"ours_w64_{pair}",
+                *([("ours_w64", ours_command(data, out / f"ours_w64_{pair}",
                                              args.updates, args.log_every,
                                              model__channels=64), ours_env)]
                   if args.full_width else []),
-                ("lerobot", lerobot_command(args.venv, args.data, out / f"lerobot_{pair}",
+                ("lerobot", lerobot_command(args.venv, data, out / f"lerobot_{pair}",
                                             args.updates, args.log_every,
                                             lerobot_matched(args.updates)), theirs_env)]
         for name, command, env in runs if pair % 2 == 0 else runs[::-1]:
