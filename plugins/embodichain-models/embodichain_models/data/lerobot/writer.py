@@ -69,6 +69,23 @@ def _stats(values: np.ndarray, visual: bool) -> dict[str, np.ndarray]:
             "count": np.array([len(values)])}
 
 
+def tasks_table(tasks: list[str]) -> Any:
+    """v3.0's meta/tasks.parquet as lerobot writes it: a pandas frame whose index is the task
+    text (`index_columns: ["task"]` in the pandas metadata), so that lerobot's reader
+    (`pd.read_parquet`, then `tasks.iloc[i].name`) finds the text, not a row number."""
+    import pyarrow as pa
+
+    column = {"field_name": "task", "name": "task", "pandas_type": "unicode",
+              "numpy_type": "object", "metadata": None}
+    pandas = {"index_columns": ["task"], "column_indexes": [],
+              "columns": [{"field_name": "task_index", "name": "task_index",
+                           "pandas_type": "int64", "numpy_type": "int64", "metadata": None},
+                          column]}
+    table = pa.table({"task_index": pa.array(range(len(tasks)), pa.int64()),
+                      "task": pa.array(tasks, pa.string())})
+    return table.replace_schema_metadata({"pandas": json.dumps(pandas)})
+
+
 def _jsonable(stats: dict[str, dict[str, np.ndarray]]) -> dict[str, Any]:
     return {k: {n: v.tolist() for n, v in entry.items()} for k, entry in stats.items()}
 
@@ -177,8 +194,7 @@ def write_dataset(root: str | Path, episodes: list[EpisodeData], features: dict[
                          for k, v in all_features.items()}}
     if version == "v3.0":
         info.update(data_files_size_in_mb=100, video_files_size_in_mb=200)
-        pq.write_table(pa.table({"task_index": list(range(len(tasks))), "task": tasks}),
-                       meta / "tasks.parquet")
+        pq.write_table(tasks_table(tasks), meta / "tasks.parquet")
         (meta / "episodes/chunk-000").mkdir(parents=True)
         pq.write_table(pa.Table.from_pylist(episode_rows),
                        meta / "episodes/chunk-000/file-000.parquet")
