@@ -32,8 +32,8 @@ from embodichain.plugins import sl_ddp
 
 DRAWS_ENV = "RECOVERY_DRAWS_DIR"
 # Below a checkpoint's size (~70 KiB with failing_save's wide model), above metrics.jsonl's
-# by update 150 (~40 KiB at log_every 1: the failure may be heard that late), so only the
-# checkpoint write fails.
+# by update 150 (~42 KiB at log_every 2, each line holding the time split and every rank's
+# memory: the failure may be heard that late), so only the checkpoint write fails.
 FILE_SIZE_LIMIT = 52 * 1024
 FAILING_SAVE_HIDDEN = 512
 
