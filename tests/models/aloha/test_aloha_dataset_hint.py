@@ -15,6 +15,7 @@ import pytest
 import yaml
 from embodichain_models.data.aloha import prepare
 from embodichain_models.policies.act.schema import PREPARE_COMMAND, ActConfig
+from embodichain_models.policies.diffusion.schema import DiffusionConfig
 from pydantic import ValidationError
 
 from tests.support.processes import REPO
@@ -24,9 +25,10 @@ EXAMPLES = REPO / "examples" / "learning" / "aloha"
 
 def _hint(recipe: Path, root: Path) -> list[str]:
     """The command the refusal of `recipe` with `data.root: root` names, as argv."""
-    data = {**yaml.safe_load(recipe.read_text())["data"], "root": str(root)}
+    loaded = yaml.safe_load(recipe.read_text())
+    schema = DiffusionConfig if loaded["factory"] == "aloha_diffusion" else ActConfig
     with pytest.raises(ValidationError) as refused:
-        ActConfig.model_validate({"data": data})
+        schema.model_validate({"data": {**loaded["data"], "root": str(root)}})
     text = str(refused.value)
     assert "LeRobot dataset not found" in text
     command = text.split("record one with `", 1)[1].split("`", 1)[0]
@@ -35,7 +37,8 @@ def _hint(recipe: Path, root: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("example, task", [("transfer_cube_camera.yaml", "transfer_cube"),
-                                           ("insertion_camera.yaml", "insertion")])
+                                           ("insertion_camera.yaml", "insertion"),
+                                           ("transfer_cube_diffusion.yaml", "transfer_cube")])
 def test_a_camera_recipe_without_its_data_names_the_camera_recording_command(
         example: str, task: str, tmp_path: Path) -> None:
     root = tmp_path / "top camera data"  # a space: the hint quotes it

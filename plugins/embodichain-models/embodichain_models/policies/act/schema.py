@@ -40,7 +40,8 @@ def prepare_command(root: Path, fields: Mapping[str, Any]) -> str:
 DatasetRoot = dataset_root(prepare_command)
 
 
-def _task(name: str) -> str:
+def known_task(name: str) -> str:
+    """`name` if it is an ALOHA task (ValueError naming the known ones otherwise)."""
     if name not in TASKS:
         raise ValueError(f"unknown ALOHA task {name!r}: choose one of {', '.join(TASKS)}")
     return name
@@ -80,7 +81,7 @@ class ModelSection(Section):
 
 class DataSection(DemonstrationData):
     # `root` comes after `task` and `cameras`: a missing dataset's hint records them.
-    task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
+    task: Annotated[str, AfterValidator(known_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
     chunk: PositiveInt = 50
     """Actions predicted per step (ACT: 100)."""

@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from embodichain.learning.sl import Section
-from embodichain_models.policies.act.schema import DatasetRoot, _task
+from embodichain_models.policies.act.schema import DatasetRoot, known_task
 
 
 class ModelSection(Section):
@@ -79,13 +79,14 @@ class ModelSection(Section):
 
 
 class DataSection(Section):
-    root: DatasetRoot
-    """The LeRobot v3.0 dataset written by the ALOHA prepare command."""
-    task: Annotated[str, AfterValidator(_task)] = "transfer_cube"
+    # `root` comes after `task` and `cameras`: a missing dataset's hint records them.
+    task: Annotated[str, AfterValidator(known_task)] = "transfer_cube"
     """The task the dataset shows (checked against its task text) and the evaluation runs."""
     cameras: list[str] = Field(default_factory=list)
     """Cameras the policy sees (gym-aloha's `pixels_agent_pos`: [top]); none: privileged
     state (joint positions and object poses), as ACT's recipe."""
+    root: DatasetRoot
+    """The LeRobot v3.0 dataset written by the ALOHA prepare command."""
     val_episodes: NonNegativeInt = 0
     """The last N episodes are held out: their noise-prediction error is validated."""
     identity: Literal["content", "metadata"] = "content"
