@@ -145,6 +145,17 @@ def test_the_exported_camera_policy_takes_the_camera_frame_as_it_comes(
     model = trained_model(camera_run / "last.pt").model
     want = model.act_chunk({k: torch.from_numpy(v) for k, v in obs.items()}).numpy()
     assert np.allclose(runner.predict(obs), want, rtol=1e-5, atol=1e-5)
+    # And `eval` of the artifact acts in the recipe's gym-aloha environment (its agent_pos and
+    # pixels found at the interface's declared source) with the checkpoint's episodes: catches
+    # an ACT interface without `source` (refused: observation.state missing).
+    found = {}
+    for name, target in (("checkpoint", camera_run), ("artifact", artifact)):
+        assert_ok(run_cli("eval", str(target), "--episodes", "2", "--out", str(tmp_path / name),
+                          "--no-progress"))
+        found[name] = [{k: e[k] for k in ("seed", "success", "return", "length")}
+                       for e in map(json.loads, (tmp_path / name / "episodes.jsonl")
+                                    .read_text().splitlines())]
+    assert len(found["artifact"]) == 2 and found["artifact"] == found["checkpoint"]
 
 
 def test_a_policy_judged_on_other_observations_than_it_reads_is_refused() -> None:

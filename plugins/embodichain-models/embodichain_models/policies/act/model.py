@@ -204,8 +204,10 @@ class ActPolicy(nn.Module):
     def interface(self) -> dict[str, Any]:
         """What the deployable forward reads and writes, and how its chunks are executed."""
         s = self.shape
+        # `source`: where gym-aloha's `pixels_agent_pos` gives it, so `eval ARTIFACT` acts in
+        # the camera recipe's environment as the checkpoint's policy does (execution.py).
         observations = {
-            STATE: {"shape": [s.state_dim], "dtype": "float32",
+            STATE: {"shape": [s.state_dim], "dtype": "float32", "source": ["agent_pos"],
                     "meaning": "joint positions (6 per arm, radians) and grippers (0 closed, "
                                "1 open), left arm first (gym-aloha's agent_pos)"}}
         if s.env_dim:
@@ -214,7 +216,7 @@ class ActPolicy(nn.Module):
                 "meaning": "object poses: xyz (m) and quaternion wxyz per object"}
         for c in s.cameras:
             observations[IMAGE_PREFIX + c] = {
-                "shape": [*s.frame_size, 3], "dtype": "uint8",
+                "shape": [*s.frame_size, 3], "dtype": "uint8", "source": ["pixels", c],
                 "meaning": f"camera {c!r}, RGB as the camera gives it (gym-aloha's "
                            f"pixels[{c!r}]); resized and normalised inside"}
         return {"observations": observations,
