@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from embodichain.learning.sl import DatasetSource, UnknownSeeds, UsageError
-from embodichain_models.data.lerobot import lerobot_source
+from embodichain.learning.sl import DatasetSource, UnknownSeeds, UsageError, facts_from_checkpoint
+from embodichain_models.data.lerobot import LeRobotFormatError, lerobot_source
 from embodichain_models.data.lerobot.dataset import LeRobotFrames
 from embodichain_models.data.lerobot.metadata import read_meta
 from embodichain_models.envs.aloha.scene import Scene
@@ -143,6 +143,26 @@ def act_data(config: ActConfig, *, chunk: int | None = None, history: int = 1) -
     held_out = LeRobotFrames(data.root, episodes=held, **options) if held else None
     return ActData(source, held_out, meta.stats, meta.fps, len(task.env_state_names), sizes,
                    demonstration_seeds(data.root))
+
+
+def dataset_facts(config: Any, statistics: tuple[str, ...], *, chunk: int | None = None,
+                  history: int = 1) -> tuple[dict, ActData | None]:
+    """What an ALOHA policy is built from of its dataset (recorded in every checkpoint: the
+    `statistics` it normalises with, fps, the object-pose width, the frame sizes), and the
+    data. A model rebuilt from a checkpoint to act reads no data (None): its facts are the
+    checkpoint's. A dataset that cannot be read is refused (exit 2)."""
+    facts = facts_from_checkpoint()
+    if facts is not None:
+        return facts, None
+    try:
+        data = act_data(config, chunk=chunk, history=history)
+    except (LeRobotFormatError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+    facts = {"stats": {key: {k: data.stats[key][k] for k in statistics}
+                       for key in (STATE, ENV_STATE, ACTION)},
+             "fps": data.fps, "env_dim": data.env_dim,
+             "image_sizes": {c: list(s) for c, s in data.image_sizes.items()}}
+    return facts, data
 
 
 def demonstration_seeds(root: Any) -> list[int] | UnknownSeeds:

@@ -23,17 +23,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
-from embodichain_models.data.lerobot import LeRobotFormatError
+from embodichain.learning.sl import SupervisedTrainer
 from embodichain_models.envs.aloha.judge import AlohaJudge
 from embodichain_models.envs.aloha.scene import require_sim
 from embodichain_models.envs.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
-from embodichain_models.policies.act.data import ActData, act_data, check_evaluation
+from embodichain_models.policies.act.data import check_evaluation, dataset_facts
 from embodichain_models.policies.act.execution import ChunkExecution
 from embodichain_models.policies.act.model import (
     ACTION,
-    ENV_STATE,
-    STATE,
     ActPolicy,
     ActShape,
     masked_l1,
@@ -70,26 +67,12 @@ def policy_factory(execution: dict[str, float]):
     return make_policy
 
 
-def model_facts(data: ActData) -> dict:
-    """What the model is built from of the dataset (recorded in every checkpoint)."""
-    return {"stats": {key: {k: data.stats[key][k] for k in ("mean", "std")}
-                      for key in (STATE, ENV_STATE, ACTION)},
-            "fps": data.fps, "env_dim": data.env_dim,
-            "image_sizes": {c: list(s) for c, s in data.image_sizes.items()}}
-
-
 def build_supervised_trainer(config: ActConfig, device: torch.device) -> SupervisedTrainer:
     if getattr(config, "evaluation", None) is not None:
         require_sim()  # the evaluation runs gym-aloha: say so before anything is read
     task = TASKS[config.data.task]
     check_evaluation(config, task)
-    facts, data = facts_from_checkpoint(), None  # rebuilt to act: the data is not read
-    if facts is None:
-        try:
-            data = act_data(config)
-        except (LeRobotFormatError, ImportError) as exc:
-            raise UsageError(str(exc)) from None
-        facts = model_facts(data)
+    facts, data = dataset_facts(config, ("mean", "std"))  # ACT standardises
     model = make_model(config, int(facts["env_dim"]), facts["stats"], int(facts["fps"]),
                        {c: tuple(s) for c, s in facts["image_sizes"].items()})
     cache: dict[str, torch.Tensor] = {}

@@ -18,13 +18,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from embodichain.learning.sl import SupervisedTrainer, UsageError, facts_from_checkpoint
-from embodichain_models.data.lerobot import LeRobotFormatError
+from embodichain.learning.sl import SupervisedTrainer
 from embodichain_models.envs.aloha.judge import AlohaJudge
 from embodichain_models.envs.aloha.scene import require_sim
 from embodichain_models.envs.aloha.tasks import CAMERA_FRAME, JOINT_NAMES, TASKS
-from embodichain_models.policies.act.data import ActData, act_data, check_evaluation
-from embodichain_models.policies.act.model import ACTION, ENV_STATE, STATE
+from embodichain_models.policies.act.data import check_evaluation, dataset_facts
+from embodichain_models.policies.act.model import ACTION
 from embodichain_models.policies.diffusion.acting import HistoryActing
 from embodichain_models.policies.diffusion.model import (
     DiffusionPolicy,
@@ -57,27 +56,13 @@ def make_policy(model: nn.Module, device: torch.device) -> HistoryActing:
                          s.action_dim, s.n_action_steps, device)
 
 
-def model_facts(data: ActData) -> dict:
-    """What the model is built from of the dataset (recorded in every checkpoint)."""
-    return {"stats": {key: {k: data.stats[key][k] for k in ("min", "max")}
-                      for key in (STATE, ENV_STATE, ACTION)},
-            "fps": data.fps, "env_dim": data.env_dim,
-            "image_sizes": {c: list(s) for c, s in data.image_sizes.items()}}
-
-
 def build_supervised_trainer(config: DiffusionConfig, device: torch.device
                              ) -> SupervisedTrainer:
     if getattr(config, "evaluation", None) is not None:
         require_sim()  # the evaluation runs gym-aloha: say so before anything is read
     check_evaluation(config, TASKS[config.data.task])
-    facts, data = facts_from_checkpoint(), None  # rebuilt to act: the data is not read
-    if facts is None:
-        try:
-            data = act_data(config, chunk=config.model.horizon,  # type: ignore[arg-type]
-                            history=config.model.n_obs_steps)
-        except (LeRobotFormatError, ImportError) as exc:
-            raise UsageError(str(exc)) from None
-        facts = model_facts(data)
+    facts, data = dataset_facts(config, ("min", "max"),  # scaled to [-1, 1], as lerobot's
+                                chunk=config.model.horizon, history=config.model.n_obs_steps)
     model = make_model(config, int(facts["env_dim"]), facts["stats"], int(facts["fps"]),
                        {c: tuple(s) for c, s in facts["image_sizes"].items()})
     cache: dict[str, torch.Tensor] = {}
