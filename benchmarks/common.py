@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,3 +89,21 @@ def wide_mlp(width: int, depth: int):
     for _ in range(depth):
         layers += [nn.Linear(width, width), nn.Tanh()]
     return nn.Sequential(*layers, nn.Linear(width, 2))
+
+
+@contextmanager
+def baseline_tree(ref: str | None) -> Iterator[Path | None]:
+    """The checkout as of git commit `ref` in a temporary worktree (removed after), for a
+    benchmark that runs an older train-sl beside the current one; None without a ref."""
+    if ref is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory() as trees:
+        baseline = Path(trees) / "baseline"
+        subprocess.run(["git", "worktree", "add", "--detach", str(baseline), ref], cwd=REPO,
+                       check=True, capture_output=True)
+        try:
+            yield baseline
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(baseline)], cwd=REPO,
+                           check=False)

@@ -43,7 +43,14 @@ import time
 from pathlib import Path
 
 import yaml
-from common import BENCH, REPO, bench_env, seconds_per_update, wide_mlp, wide_mlp_schema
+from common import (
+    BENCH,
+    baseline_tree,
+    bench_env,
+    seconds_per_update,
+    wide_mlp,
+    wide_mlp_schema,
+)
 
 WIDTH, DEPTH, BATCH, UPDATES, CORPUS = 2048, 12, 64, 30, 65536
 KINDS = ("hand loop", "train-sl", "train-sl, copy guard", "train-sl, fused found_inf",
@@ -222,18 +229,8 @@ def main() -> None:
     if args.hand_loop is not None:
         hand_loop(args.hand_loop, args.fused)
         return
-    with tempfile.TemporaryDirectory(prefix="memory_") as trees:
-        baseline = None
-        if args.baseline_ref:
-            baseline = Path(trees) / "baseline"
-            subprocess.run(["git", "worktree", "add", "--detach", str(baseline),
-                            args.baseline_ref], cwd=REPO, check=True, capture_output=True)
-        try:
-            measure(args.rounds, baseline, args.baseline_ref)
-        finally:
-            if baseline is not None:
-                subprocess.run(["git", "worktree", "remove", "--force", str(baseline)],
-                               cwd=REPO, check=False)
+    with baseline_tree(args.baseline_ref) as baseline:
+        measure(args.rounds, baseline, args.baseline_ref)
 
 
 def measure(rounds: int, baseline: Path | None, ref: str | None) -> None:

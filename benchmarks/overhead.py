@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import yaml
-from common import CPU_RECIPE, REPO, bench_env, seconds_per_update
+from common import CPU_RECIPE, REPO, baseline_tree, bench_env, seconds_per_update
 from common import torchrun as torchrun_command
 
 
@@ -67,18 +67,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, nargs="+", default=[200, 2000])
     parser.add_argument("--baseline-ref", help="also run train-sl as of this git commit")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as trees:
-        baseline = None
-        if args.baseline_ref:
-            baseline = Path(trees) / "baseline"
-            subprocess.run(["git", "worktree", "add", "--detach", str(baseline),
-                            args.baseline_ref], cwd=REPO, check=True, capture_output=True)
-        try:
-            measure(args.updates, args.pairs, baseline)
-        finally:
-            if baseline is not None:
-                subprocess.run(["git", "worktree", "remove", "--force", str(baseline)],
-                               cwd=REPO, check=False)
+    with baseline_tree(args.baseline_ref) as baseline:
+        measure(args.updates, args.pairs, baseline)
 
 
 def measure(sizes: list[int], pairs: int, baseline: Path | None) -> None:
