@@ -3,7 +3,8 @@
 Two gloo ranks under torchrun. Rank 1 freezes itself with SIGSTOP inside update 45 (as a
 stuck read or a hung GPU freezes a rank; tests/factories/restarting.py): rank 0 waits for it
 in the update's all-reduce. The broken variant, torch's own 30-minute timeout with no word,
-fails the first assertion: no message within the timeout + 30 s. Then: one message naming
+fails the first assertion: no message within the timeout + 30 s; one that leaves the stopped
+rank to torchrun's SIGTERM fails the next: torchrun does not end within it. Then: one message naming
 rank 1, the update and where rank 0 waited; RUN/hang/rank_0.txt holds rank 0's stack and
 rank_1.txt says why rank 1 left none; the last snapshot verifies, and `resume` finishes
 bitwise equal to the uninterrupted run. A data worker that hangs in `__getitem__` is named as
@@ -86,13 +87,14 @@ def test_a_frozen_rank_is_named_with_every_stack_and_the_run_resumes_exactly(
         froze = _seen(out, FROZE, proc, time.monotonic() + 240)
         workers = torchrun_workers(proc.pid)
         said = _seen(out, HANGS, proc, froze + TIMEOUT_S + 30)
-        print(f"the hang was named {said - froze:.1f} s after rank 1 froze")
-        # Read before rank 1 runs again: continued, it writes its own stack there.
+        # Rank 0 ends the stopped rank itself: left to torchrun, the launch would end only
+        # 30 s after its SIGTERM, which a stopped process cannot take (timeout + 33 s).
+        code = proc.wait(timeout=max(1.0, froze + TIMEOUT_S + 30 - time.monotonic()))
+        ended = time.monotonic()
+        print(f"the hang was named {said - froze:.1f} s and torchrun ended "
+              f"{ended - froze:.1f} s after rank 1 froze")
+        assert code == 1, out.read_text()
         stacks = [(run / "hang" / f"rank_{r}.txt").read_text() for r in (0, 1)]
-        # torchrun now waits 30 s for the stopped rank to take its SIGTERM before it kills
-        # it; continued, the rank ends at once.
-        os.kill(workers[1], signal.SIGCONT)
-        assert proc.wait(timeout=60) == 1, out.read_text()
     finally:
         _end_everything(proc, workers)
     printed = out.read_text()
@@ -100,6 +102,7 @@ def test_a_frozen_rank_is_named_with_every_stack_and_the_run_resumes_exactly(
     line = next(x for x in printed.splitlines() if x.startswith(HANGS))
     assert "Rank 1 did not arrive: rank 1 does not answer (pid " in line, line
     assert "state T (stopped)" in line, line
+    assert "Rank 1, stopped by a signal, ended with SIGKILL" in line, line
     assert "Rank 0 was waiting at torch/" in line, line  # in the all-reduce, inside torch
     assert f"{run / 'hang'}/rank_N.txt" in line, line
     assert f"The last snapshot is {run / 'last.pt'}; continue with: " in line, line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -93,23 +94,53 @@ def _waits_in_a_collective(answer: Mapping[str, Any]) -> bool:
     return any(m in answer["where"]["at"] for m in COLLECTIVE_MODULES)
 
 
-def process_state(origin: Mapping[str, Any] | None) -> str:
-    """What this node sees of a rank's process (`origin`: its pid and host): its state and
-    the kernel function it sleeps in, read from /proc on the same host."""
-    if not origin:
-        return "its process is unknown"
-    seen = f"pid {origin['pid']} on {origin['host']}"
-    if origin["host"] != socket.gethostname():
-        return seen
+def _proc_status(origin: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The state ("T (stopped)") and kernel wait channel of a process on this host, None
+    where it is gone."""
     try:
         status = Path(f"/proc/{origin['pid']}/status").read_text()
         state = next(line.split(":", 1)[1].strip() for line in status.splitlines()
                      if line.startswith("State:"))
         wchan = Path(f"/proc/{origin['pid']}/wchan").read_text().strip()
     except (OSError, StopIteration):
+        return None
+    return state, wchan
+
+
+def _on_this_host(origin: Mapping[str, Any] | None) -> bool:
+    return bool(origin) and origin["host"] == socket.gethostname()
+
+
+def process_state(origin: Mapping[str, Any] | None) -> str:
+    """What this node sees of a rank's process (`origin`: its pid and host): its state and
+    the kernel function it sleeps in, read from /proc on the same host."""
+    if not origin:
+        return "its process is unknown"
+    seen = f"pid {origin['pid']} on {origin['host']}"
+    if not _on_this_host(origin):
+        return seen
+    found = _proc_status(origin)
+    if found is None:
         return f"{seen}, gone"
+    state, wchan = found
     return f"{seen}, state {state}" + (f", sleeping in {wchan}" if wchan not in ("", "0")
                                        else "")
+
+
+def end_if_stopped(origin: Mapping[str, Any] | None) -> bool:
+    """SIGKILL a rank's process on this host that a signal stopped (state T), once the
+    hang is reported. A stopped process takes no signal but SIGKILL: torchrun would send it
+    SIGTERM, wait 30 s, then SIGKILL it; this is the same end without the wait. A process
+    under a debugger (t, tracing stop) or waiting in the kernel (D) is left alone."""
+    if origin is None or not _on_this_host(origin):
+        return False
+    found = _proc_status(origin)
+    if found is None or not found[0].startswith("T"):
+        return False
+    with contextlib.suppress(OSError):
+        os.kill(int(origin["pid"]), signal.SIGKILL)
+        return True
+    return False
 
 
 def not_arrived(answers: Mapping[int, Mapping[str, Any]], world_size: int,
@@ -144,8 +175,10 @@ def missing_stack(rank: int, why: str, reporter: int) -> str:
 
 
 def message(answers: Mapping[int, Mapping[str, Any]], missing: Mapping[int, str],
-            reporter: int, timeout_s: float, directory: Path, where_next: str) -> str:
-    """The one message of a hang, said by `reporter` (rank 0 when it answers)."""
+            reporter: int, timeout_s: float, directory: Path, where_next: str,
+            ended: tuple[int, ...] = ()) -> str:
+    """The one message of a hang, said by `reporter` (rank 0 when it answers); `ended`:
+    the stopped ranks it ended (end_if_stopped)."""
     mine = answers[reporter]
     if missing:
         ranks = ", ".join(str(r) for r in missing)
@@ -154,6 +187,10 @@ def message(answers: Mapping[int, Mapping[str, Any]], missing: Mapping[int, str]
     else:
         who = ("Every rank answered from inside a collective: none is missing (a network "
                "fault between them?)")
+    if ended:
+        ranks = ", ".join(str(r) for r in ended)
+        who += (f". Rank{'s' if len(ended) > 1 else ''} {ranks}, stopped by a signal, "
+                f"ended with SIGKILL (a stopped process takes no other)")
     return (f"training hangs: update {mine['update']} waited more than "
             f"trainer.collective_timeout ({timeout_s:g} s) for the other ranks. {who}. "
             f"Rank {reporter} was waiting at {describe(mine['where'])}. Each rank's stack: "

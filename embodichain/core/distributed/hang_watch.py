@@ -16,8 +16,10 @@ timeout ago, or another rank raised the alarm, the rank:
 3. waits up to `ANSWER_S` for the others' words: a rank that leaves none does not answer
    (stopped by SIGSTOP, frozen, or stuck where Python cannot run);
 4. the lowest rank that answered (rank 0, unless it is the stuck one) writes the stacks that
-   other nodes left in the store, prints the one message (hang_report.message) and ends with
-   exit code 1; the others end once it has spoken.
+   other nodes left in the store, ends the ranks on its host that a signal stopped (they
+   take no signal but SIGKILL, which torchrun sends only 30 s after its SIGTERM), prints
+   the one message (hang_report.message) and ends with exit code 1; the others end once it
+   has spoken.
 
 Not counted: validations and saves, where the other ranks wait for rank 0's own work
 (`paused`), and the first update of each start or resume, which compiles and warms up;
@@ -45,6 +47,7 @@ from typing import Any
 
 from embodichain.core.distributed import process_group
 from embodichain.core.distributed.hang_report import (
+    end_if_stopped,
     message,
     missing_stack,
     not_arrived,
@@ -166,14 +169,16 @@ class HangWatch:
 
     def _report(self, answers: dict[int, dict[str, Any]]) -> None:
         """As the reporting rank: every rank's stack file, then the message."""
-        missing = not_arrived(answers, self.world_size, self._origins(answers))
+        origins = self._origins(answers)
+        missing = not_arrived(answers, self.world_size, origins)
         for rank in range(self.world_size):
             if stack_file(self.directory, rank).exists():
                 continue  # written by the rank itself
             write_stack(self.directory, rank, answers[rank]["stack"] if rank in answers
                         else missing_stack(rank, missing[rank], self.rank))
+        ended = tuple(r for r in sorted(origins) if end_if_stopped(origins[r]))
         said = message(answers, missing, self.rank, self.timeout_s, self.directory,
-                       self.where_next())
+                       self.where_next(), ended)
         self.record(self.update, said)
         _say(f"error: {said}" if self.rank == 0 else f"[rank {self.rank}] error: {said}")
         self._set("spoken", str(self.rank))

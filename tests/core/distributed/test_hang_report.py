@@ -6,6 +6,10 @@ The whole story, 2 gloo ranks with one frozen, is tests/recovery/test_stuck_rank
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +19,7 @@ import pytest
 
 from embodichain.core.distributed import hang_watch
 from embodichain.core.distributed.hang_report import (
+    end_if_stopped,
     message,
     not_arrived,
     process_state,
@@ -130,6 +135,26 @@ def test_the_message_names_ranks_update_place_and_how_to_continue(tmp_path: Path
     assert said.endswith("The last snapshot is X/last.pt; continue with: torchrun ... resume X")
     assert "R-OPS" not in said
     assert process_state({"pid": 7, "host": "elsewhere"}) == "pid 7 on elsewhere"
+
+
+def test_only_a_stopped_process_on_this_host_is_ended() -> None:
+    """Catches a reporter that kills a running rank (one still able to take torchrun's
+    SIGTERM and end cleanly), one on another host, or leaves a stopped one to torchrun's
+    30-second grace."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        here = {"pid": child.pid, "host": socket.gethostname()}
+        assert not end_if_stopped(here) and child.poll() is None  # running: left alone
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        assert not end_if_stopped({**here, "host": "elsewhere"}) and child.poll() is None
+        assert "state T (stopped)" in process_state(here)
+        assert end_if_stopped(here)
+        assert child.wait(timeout=10) == -signal.SIGKILL
+        assert not end_if_stopped(here)  # gone
+    finally:
+        child.kill()
+        child.wait(timeout=10)
 
 
 def test_the_stack_holds_the_main_thread_and_every_thread() -> None:
