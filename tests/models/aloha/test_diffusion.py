@@ -217,3 +217,27 @@ def test_ddim_with_a_fixed_generator_is_deterministic_and_follows_the_episode_se
                                   "pixels": {"top": obs["pixels"]["top"][1:]}})
                        for _ in range(5)])
     assert np.array_equal(single[:, 0], pair[:, 1])
+
+
+def test_the_insertion_recipe_is_the_transfer_cube_recipe_on_other_data() -> None:
+    """Catches the two diffusion recipes drifting apart (one retuned, the other not): the
+    insertion recipe differs only in its task, data, environment and output directory."""
+    import yaml
+
+    def flat(tree: dict, prefix: str = "") -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    cube = flat(yaml.safe_load(DIFFUSION_EXAMPLE.read_text()))
+    insertion = flat(yaml.safe_load(DIFFUSION_EXAMPLE.with_name("insertion_diffusion.yaml")
+                                    .read_text()))
+    differing = {key for key in cube.keys() | insertion.keys()
+                 if cube.get(key) != insertion.get(key)}
+    assert differing == {"data.root", "data.task", "evaluation.env.id",
+                         "evaluation.env.kwargs.task", "trainer.output_dir"}
+    assert insertion["data.task"] == insertion["evaluation.env.kwargs.task"] == "insertion"
