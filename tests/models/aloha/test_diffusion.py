@@ -63,6 +63,32 @@ def test_ddpm_noise_and_the_ddim_step_are_the_closed_form() -> None:
     assert wild.abs().max() <= 1.0
 
 
+def test_a_sample_predicting_unet_steps_ddim_through_the_noise_it_implies() -> None:
+    """Catches sample prediction wired as if the U-Net gave the noise (or the noise's
+    formula off): the noise implied by the true clean sample is the noise that was added,
+    and a policy whose U-Net returns the clean horizon lands on it (clipped, in [-1, 1])."""
+    from embodichain_models.policies.diffusion.model import DiffusionPolicy, DiffusionShape
+    from embodichain_models.policies.diffusion.noise import NoiseSchedule
+
+    schedule = NoiseSchedule(100, clip_sample=1.0)
+    gen = torch.Generator().manual_seed(1)
+    x0 = torch.rand(2, 16, 14, generator=gen, dtype=torch.float64) * 1.8 - 0.9
+    eps = torch.randn(2, 16, 14, generator=gen, dtype=torch.float64)
+    for t in (0, 50, 99):
+        x_t = schedule.add_noise(x0, eps, torch.full((2,), t))
+        assert torch.allclose(schedule.epsilon_of(x0, t, x_t), eps, rtol=0, atol=1e-9)
+
+    stats = {key: {"min": [-1.0] * 14, "max": [1.0] * 14}
+             for key in ("observation.state", "action")}
+    policy = DiffusionPolicy(DiffusionShape(14, 0, 14, prediction="sample"), stats).eval()
+    clean = x0.float()
+    policy.unet.forward = lambda x, level, condition: clean  # an oracle of the sample
+    observations = {"observation.state": torch.zeros(2, 2, 14)}
+    out = policy.act_chunk(observations, torch.randn(2, 16, 14, generator=gen))
+    assert torch.allclose(out, clean, rtol=0, atol=1e-4)
+    assert torch.equal(policy.target(clean, eps.float()), clean)
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("model.horizon", 14, "model.horizon (14) must be a multiple of 4"),
     ("model.horizon", 15, "model.horizon (15) must be a multiple of 4"),

@@ -65,6 +65,7 @@ class DiffusionShape:
     train_timesteps: int = 100
     sampling_steps: int = 10
     clip_sample: float | None = 1.0
+    prediction: str = "epsilon"  # or "sample": what the U-Net predicts (schema.ModelSection)
 
 
 class KeypointEncoder(nn.Module):
@@ -138,6 +139,11 @@ class DiffusionPolicy(nn.Module):
                 t: torch.Tensor) -> torch.Tensor:
         return self.unet(noisy, t, self.condition(observations))
 
+    def target(self, actions: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """What the U-Net learns to predict of the noised normalised `actions`: the `noise`
+        (epsilon prediction) or the actions themselves (sample prediction)."""
+        return actions if self.shape.prediction == "sample" else noise
+
     @torch.no_grad()
     def act_chunk(self, observations: dict[str, torch.Tensor], noise: torch.Tensor
                   ) -> torch.Tensor:
@@ -148,7 +154,10 @@ class DiffusionPolicy(nn.Module):
         x = noise.float()
         for t in self.schedule.ddim_timesteps(s.sampling_steps):
             level = x.new_full((x.shape[0],), float(t))
-            x = self.schedule.ddim_step(self.unet(x, level, condition), t, x, s.sampling_steps)
+            predicted = self.unet(x, level, condition)
+            eps = (self.schedule.epsilon_of(predicted, t, x) if s.prediction == "sample"
+                   else predicted)
+            x = self.schedule.ddim_step(eps, t, x, s.sampling_steps)
         return (x + 1) / 2 * self.action_range + self.action_min
 
     def acting_copy(self) -> DiffusionPolicy:
@@ -219,7 +228,8 @@ class DeployableDiffusion(nn.Module):
 
 
 def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
-    """DDPM: the mean squared error of the predicted noise, at a level drawn per example
+    """DDPM: the mean squared error of the predicted noise (or, with `prediction: sample`,
+    of the predicted clean horizon), at a level drawn per example
     (torch's generator, restored on resume); every step of the horizon counts (past the
     episode's end the dataset repeats the last action, as lerobot's default)."""
     core: DiffusionPolicy = getattr(model, "module", model)
@@ -228,6 +238,6 @@ def objective(model: nn.Module, batch: dict[str, torch.Tensor]) -> LossResult:
     t = torch.randint(0, core.shape.train_timesteps, (actions.shape[0],),
                       device=actions.device)
     predicted = model(batch, core.schedule.add_noise(actions, noise, t), t)
-    loss = F.mse_loss(predicted, noise)
+    loss = F.mse_loss(predicted, core.target(actions, noise))
     return LossResult(loss=loss, weight=float(actions.shape[0]),
                       metrics={"mse": loss.detach()})

@@ -57,6 +57,12 @@ class NoiseSchedule:
         ratio = self.timesteps // steps
         return [i * ratio for i in reversed(range(steps))]
 
+    def epsilon_of(self, x0: torch.Tensor, t: int, x: torch.Tensor) -> torch.Tensor:
+        """The noise that level `t`'s `x` holds over the clean estimate `x0` (a U-Net that
+        predicts the sample steps DDIM through it, as diffusers' `prediction_type="sample"`)."""
+        abar_t = self._abar[t]
+        return (x - math.sqrt(abar_t) * x0) / math.sqrt(1 - abar_t)
+
     def ddim_step(self, eps: torch.Tensor, t: int, x: torch.Tensor, steps: int
                   ) -> torch.Tensor:
         """x at the previous level of a `steps`-step DDIM from level `t`, given the

@@ -54,6 +54,9 @@ class ModelSection(Section):
     """DDPM noise levels in training (squared-cosine schedule)."""
     sampling_steps: PositiveInt = 10
     """DDIM steps when acting (a divisor of train_timesteps' range: at most it)."""
+    prediction: Literal["epsilon", "sample"] = "epsilon"
+    """What the U-Net predicts of a noised horizon: its noise (DDPM's and the paper's
+    default) or the clean horizon itself (lerobot's `prediction_type: sample`)."""
     clip_sample: PositiveFloat | None = 1.0
     """The denoised horizon's estimate is clipped to +-this (actions are min-max
     normalised to [-1, 1]); null: not clipped."""

@@ -9,7 +9,8 @@ noise; the recipe's `evaluation:` section judges it in gym-aloha's scene with AC
 acting through `acting.py` (DDIM samples every `n_action_steps` steps, noise from each
 episode's seed; R-DP-3), usually with the EMA's weights (`trainer.ema`, `evaluation.acting:
 ema`). With held-out episodes validation also reports their noise-prediction error at fixed
-noise (`validation/noise_mse`). What the model is built from of the dataset is recorded in
+noise (`validation/noise_mse`, or `validation/sample_mse` when the model predicts the
+clean sample). What the model is built from of the dataset is recorded in
 its checkpoints, so `eval` and `export` rebuild it with the data gone.
 """
 
@@ -44,7 +45,7 @@ def make_model(config: DiffusionConfig, env_dim: int, stats: dict, fps: int,
         tuple(image_sizes[c] for c in cameras), CAMERA_FRAME, fps, m.horizon, m.n_obs_steps,
         m.n_action_steps, tuple(m.down_dims), m.kernel_size, m.groups, m.step_embedding,
         m.film_scale, m.channels, m.keypoints, m.image_features, m.image_shift,
-        m.train_timesteps, m.sampling_steps, m.clip_sample)
+        m.train_timesteps, m.sampling_steps, m.clip_sample, m.prediction)
     return DiffusionPolicy(shape, stats)
 
 
@@ -83,8 +84,10 @@ def build_supervised_trainer(config: DiffusionConfig, device: torch.device
         batch = {k: t.to(device) for k, t in cache.items()}
         actions = core.normalised_actions(batch[ACTION])
         noisy = core.schedule.add_noise(actions, batch["noise"], batch["level"])
-        error = torch.nn.functional.mse_loss(core(batch, noisy, batch["level"]), batch["noise"])
-        return {"validation/noise_mse": error.item()}
+        error = torch.nn.functional.mse_loss(core(batch, noisy, batch["level"]),
+                                             core.target(actions, batch["noise"]))
+        name = "sample_mse" if core.shape.prediction == "sample" else "noise_mse"
+        return {f"validation/{name}": error.item()}
 
     return SupervisedTrainer(config, model=model, source=data.source if data else None,
                              objective=objective, device=device,
