@@ -34,8 +34,9 @@ def frames_of(model: torch.nn.Module, data: Path, episodes: list[int], every: in
 
     keys = model.observation_keys()
     history = getattr(model.shape, "n_obs_steps", 1)
-    past = [(i - history + 1) / 50 for i in range(history)]
-    deltas = {ACTION: [i / 50 for i in range(steps)],
+    fps = model.shape.fps  # the dataset's rate, recorded in the checkpoint
+    past = [(i - history + 1) / fps for i in range(history)]
+    deltas = {ACTION: [i / fps for i in range(steps)],
               **({k: past for k in keys} if history > 1 else {})}
     frames = LeRobotFrames(data, episodes=episodes, delta_timestamps=deltas,
                            features=[*keys, ACTION])
