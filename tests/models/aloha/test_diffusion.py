@@ -129,6 +129,25 @@ def observation(rng: np.random.Generator, batch: int) -> dict[str, np.ndarray]:
             "pixels": {"top": rng.integers(0, 256, (batch, 480, 640, 3), dtype=np.uint8)}}
 
 
+def test_joint_noise_perturbs_training_only() -> None:
+    """`model.state_noise`. Catches noise that also reaches acting (the evaluation and the
+    artifact would then differ from run to run) or that never reaches training: in train
+    mode the joints' part of the condition moves by about the asked deviation, the camera's
+    part not at all; in eval mode the condition is the noiseless one."""
+    noisy, clean = tiny_policy(state_noise=0.5), tiny_policy()
+    rng = np.random.default_rng(0)
+    batch = {"observation.state": torch.from_numpy(rng.normal(size=(64, 2, 14))).float(),
+             "observation.images.top": torch.from_numpy(
+                 rng.integers(0, 256, (64, 2, 24, 32, 3), dtype=np.uint8))}
+    reference = clean.condition(batch).reshape(64, 2, -1)
+    assert torch.equal(noisy.condition(batch).reshape(64, 2, -1), reference)  # eval mode
+    noisy.train()
+    trained = noisy.condition(batch).reshape(64, 2, -1)
+    joints = trained[..., :14] - reference[..., :14]
+    assert abs(float(joints.std()) - 0.5) < 0.05
+    assert torch.equal(trained[..., 14:], reference[..., 14:])
+
+
 def test_each_slot_keeps_its_own_history_and_a_reset_restarts_it() -> None:
     """R-DP-3. Catches a history shared by the slots, one not padded with the episode's
     first observation, or one that survives a slot's reset: after steps A, B and a reset

@@ -59,9 +59,8 @@ class HistoryActing:
         execution.start(batch)
         horizon = None
         if execution.wants_chunk():  # some slots start a new horizon
-            assert execution.t is not None
             horizon = np.zeros((batch, *self.noise_shape), np.float32)
-            for i in np.flatnonzero(execution.t % execution.horizon == 0):
+            for i in np.flatnonzero(execution.fresh()):
                 episode = self.episodes.setdefault(int(i), [0, 0])
                 noise = torch.from_numpy(episode_noise(*episode, self.noise_shape)[None])
                 episode[1] += 1

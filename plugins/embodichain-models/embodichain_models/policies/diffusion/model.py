@@ -66,6 +66,7 @@ class DiffusionShape:
     sampling_steps: int = 10
     clip_sample: float | None = 1.0
     prediction: str = "epsilon"  # or "sample": what the U-Net predicts (schema.ModelSection)
+    state_noise: float = 0.0  # training noise on the normalised joints (schema.ModelSection)
 
 
 class KeypointEncoder(nn.Module):
@@ -123,7 +124,10 @@ class DiffusionPolicy(nn.Module):
         """`[B, n_obs_steps * per-frame features]`: each frame's joints (and object poses
         for a state policy) and camera features."""
         s = self.shape
-        parts = [self._normalised(observations[STATE], "state")]
+        state = self._normalised(observations[STATE], "state")
+        if self.training and s.state_noise:  # torch's generator, restored on resume
+            state = state + torch.randn_like(state) * s.state_noise
+        parts = [state]
         if s.env_dim:
             parts.append(self._normalised(observations[ENV_STATE], "env"))
         for camera, encoder in self.cameras.items():

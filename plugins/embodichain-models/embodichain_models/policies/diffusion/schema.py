@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
@@ -57,6 +58,11 @@ class ModelSection(Section):
     prediction: Literal["epsilon", "sample"] = "epsilon"
     """What the U-Net predicts of a noised horizon: its noise (DDPM's and the paper's
     default) or the clean horizon itself (lerobot's `prediction_type: sample`)."""
+    state_noise: NonNegativeFloat = 0.0
+    """Standard deviation of Gaussian noise added in training to each frame's joint
+    positions, normalised to [-1, 1], the target horizon unchanged: the policy learns to steer
+    back to the demonstrations' path from joints off it, and cannot read the joints'
+    velocity from two frames 20 ms apart and follow its own drift (0: none)."""
     clip_sample: PositiveFloat | None = 1.0
     """The denoised horizon's estimate is clipped to +-this (actions are min-max
     normalised to [-1, 1]); null: not clipped."""
