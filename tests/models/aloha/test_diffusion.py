@@ -148,6 +148,33 @@ def test_joint_noise_perturbs_training_only() -> None:
     assert torch.equal(trained[..., 14:], reference[..., 14:])
 
 
+class FixedMaps(torch.nn.Module):
+    def __init__(self, maps: torch.Tensor) -> None:
+        super().__init__()
+        self.maps = maps
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.maps  # [N, cells, keypoints], as ResNetEncoder's
+
+
+@pytest.mark.parametrize("pooling", ["keypoints", "flatten"])
+def test_flatten_pooling_keeps_what_the_cells_hold(pooling: str) -> None:
+    """`model.image_pooling`. A spatial softmax sees only where each map peaks: maps raised
+    by a constant give the same keypoints. Catches a `flatten` that still pools by the
+    softmax (it would be as blind) or a `keypoints` that stopped being one (lerobot's)."""
+    from embodichain_models.policies.diffusion.model import CameraEncoder
+
+    torch.manual_seed(0)
+    encoder = CameraEncoder(4, 3, 8, (64, 96), pooling)  # maps of 2x3 cells
+    maps = torch.randn(1, 6, 3)
+    outputs = []
+    for shifted in (maps, maps + 2.0):
+        encoder.backbone = FixedMaps(shifted)
+        outputs.append(encoder(torch.zeros(1, 3, 64, 96)))
+    assert outputs[0].shape == (1, 8)
+    assert torch.allclose(outputs[0], outputs[1]) == (pooling == "keypoints")
+
+
 def test_each_slot_keeps_its_own_history_and_a_reset_restarts_it() -> None:
     """R-DP-3. Catches a history shared by the slots, one not padded with the episode's
     first observation, or one that survives a slot's reset: after steps A, B and a reset

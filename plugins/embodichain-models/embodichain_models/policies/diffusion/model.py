@@ -67,27 +67,33 @@ class DiffusionShape:
     clip_sample: float | None = 1.0
     prediction: str = "epsilon"  # or "sample": what the U-Net predicts (schema.ModelSection)
     state_noise: float = 0.0  # training noise on the normalised joints (schema.ModelSection)
+    image_pooling: str = "keypoints"  # or "flatten" (schema.ModelSection)
 
 
-class KeypointEncoder(nn.Module):
+class CameraEncoder(nn.Module):
     """A camera's images `[N, 3, h, w]` in [0, 1] to features `[N, features]`: ACT's backbone
-    projected to `keypoints` maps, their spatial-softmax (x, y), a linear layer and ReLU."""
+    projected to `keypoints` maps, pooled, a linear layer and ReLU. Pooled by `keypoints`:
+    each map's spatial-softmax (x, y) (lerobot's `DiffusionRgbEncoder`); by `flatten`: every
+    cell of every map, which keeps what a cell holds and not only where a map peaks."""
 
     def __init__(self, channels: int, keypoints: int, features: int,
-                 size: tuple[int, int]) -> None:
+                 size: tuple[int, int], pooling: str = "keypoints") -> None:
         super().__init__()
         self.backbone = ResNetEncoder(channels, keypoints, size)
+        self.pooling = pooling
         rows, cols = feature_grid(size)
         y, x = torch.meshgrid(torch.linspace(-1, 1, rows), torch.linspace(-1, 1, cols),
                               indexing="ij")
         self.register_buffer("grid", torch.stack([x.reshape(-1), y.reshape(-1)], -1),
                              persistent=False)
-        self.out = nn.Linear(2 * keypoints, features)
+        pooled = keypoints * (2 if pooling == "keypoints" else rows * cols)
+        self.out = nn.Linear(pooled, features)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         maps = self.backbone(images).transpose(1, 2)  # [N, keypoints, cells]
-        points = maps.softmax(-1) @ self.grid  # the expected (x, y) of each map
-        return F.relu(self.out(points.flatten(1)))
+        if self.pooling == "keypoints":
+            maps = maps.softmax(-1) @ self.grid  # the expected (x, y) of each map
+        return F.relu(self.out(maps.flatten(1)))
 
 
 class DiffusionPolicy(nn.Module):
@@ -105,8 +111,9 @@ class DiffusionPolicy(nn.Module):
             self.register_buffer(f"{name}_min", low)
             self.register_buffer(f"{name}_range", (high - low).clamp_min(RANGE_FLOOR))
         sizes = dict(zip(s.cameras, s.image_sizes, strict=True))
-        self.cameras = nn.ModuleDict({c: KeypointEncoder(s.channels, s.keypoints,
-                                                         s.image_features, sizes[c])
+        self.cameras = nn.ModuleDict({c: CameraEncoder(s.channels, s.keypoints,
+                                                       s.image_features, sizes[c],
+                                                       s.image_pooling)
                                       for c in s.cameras})
         per_frame = s.state_dim + s.env_dim + s.image_features * len(s.cameras)
         self.unet = ConditionalUnet1d(s.action_dim, per_frame * s.n_obs_steps, s.down_dims,

@@ -49,6 +49,11 @@ class ModelSection(Section):
     """Spatial-softmax keypoints of the backbone's last feature map (lerobot: 32)."""
     image_features: PositiveInt = 64
     """Width of a camera's feature per frame (the keypoints through a linear layer)."""
+    image_pooling: Literal["keypoints", "flatten"] = "keypoints"
+    """How a camera's `keypoints` maps become its feature: `keypoints`, each map's
+    spatial-softmax (x, y) (lerobot's); `flatten`, every cell of every map through the
+    linear layer (at 120x160 the maps are 4x5 cells, where the expected position of a map
+    says little of where a small object is)."""
     image_shift: NonNegativeInt = 0
     """Random shift augmentation in training (pixels at the backbone's resolution)."""
     train_timesteps: PositiveInt = 100

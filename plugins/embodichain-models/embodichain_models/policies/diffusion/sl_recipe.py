@@ -45,7 +45,8 @@ def make_model(config: DiffusionConfig, env_dim: int, stats: dict, fps: int,
         tuple(image_sizes[c] for c in cameras), CAMERA_FRAME, fps, m.horizon, m.n_obs_steps,
         m.n_action_steps, tuple(m.down_dims), m.kernel_size, m.groups, m.step_embedding,
         m.film_scale, m.channels, m.keypoints, m.image_features, m.image_shift,
-        m.train_timesteps, m.sampling_steps, m.clip_sample, m.prediction, m.state_noise)
+        m.train_timesteps, m.sampling_steps, m.clip_sample, m.prediction, m.state_noise,
+        m.image_pooling)
     return DiffusionPolicy(shape, stats)
 
 
