@@ -48,7 +48,7 @@ class ModelSection(Section):
     keypoints: PositiveInt = 32
     """Spatial-softmax keypoints of the backbone's last feature map (lerobot: 32)."""
     image_features: PositiveInt = 64
-    """Width of a camera's feature per frame (the keypoints through a linear layer)."""
+    """Width of a camera's feature per frame (the pooled maps through a linear layer)."""
     image_pooling: Literal["keypoints", "flatten"] = "keypoints"
     """How a camera's `keypoints` maps become its feature: `keypoints`, each map's
     spatial-softmax (x, y) (lerobot's); `flatten`, every cell of every map through the
