@@ -129,7 +129,13 @@ def test_sigterm_to_one_rank_during_a_validation_stops_every_rank_there(
     longer match), and rank 1's own signal left out of the agreement."""
     run, code, printed, took = _stopped_in_validation(tmp_path, tmp_path / "acts", 1)
     assert code == 1, printed  # torchrun reports its workers' exit 143 as a failure
-    assert "exitcode  : 143" in printed or "exit code: 143" in printed, printed
+    # ... or, when rank 0 has stopped and exited by the time torchrun closes the workers,
+    # torchrun's own `os.killpg` of its gone process group raises ProcessLookupError (torch's
+    # elastic `SubprocessHandler.close` does not guard it): torchrun's race, after every rank
+    # stopped; the checks below are what this test is about.
+    torchrun_race = "ProcessLookupError" in printed and "os.killpg(self.proc.pid" in printed
+    assert ("exitcode  : 143" in printed or "exit code: 143" in printed
+            or torchrun_race), printed
     _kept_the_update_and_no_metric(run, printed, took)
     _resumes_as_if_never_stopped(run, Path(world_runs["ddp2"]))
 
