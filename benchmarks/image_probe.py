@@ -22,8 +22,6 @@ import torch
 
 from embodichain.core.deploy.trained import trained_model
 
-ENV_STATE = "observation.environment_state"  # the cube's x, y, z first
-
 
 def probe_error(features: np.ndarray, targets: np.ndarray, fit: np.ndarray,
                 ridge: float) -> np.ndarray:
@@ -36,6 +34,7 @@ def probe_error(features: np.ndarray, targets: np.ndarray, fit: np.ndarray,
 
 def main() -> None:
     from embodichain_models.data.lerobot.dataset import LeRobotFrames
+    from embodichain_models.policies.act.model import ENV_STATE, IMAGE_PREFIX  # cube x, y, z first
     from embodichain_models.policies.vision.backbone import frames_in
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,7 +46,7 @@ def main() -> None:
 
     model = trained_model(args.checkpoint, ema=True).model.eval()
     (camera, encoder), = model.cameras.items()
-    key = f"observation.images.{camera}"
+    key = IMAGE_PREFIX + camera
     frames = LeRobotFrames(args.data, features=[key, ENV_STATE, "episode_index"])
     picked = range(0, len(frames), args.every)
     pooled, maps, cube, episode = [], [], [], []

@@ -82,12 +82,13 @@ class CameraEncoder(nn.Module):
         self.backbone = ResNetEncoder(channels, keypoints, size)
         self.pooling = pooling
         rows, cols = feature_grid(size)
-        y, x = torch.meshgrid(torch.linspace(-1, 1, rows), torch.linspace(-1, 1, cols),
-                              indexing="ij")
-        self.register_buffer("grid", torch.stack([x.reshape(-1), y.reshape(-1)], -1),
-                             persistent=False)
-        pooled = keypoints * (2 if pooling == "keypoints" else rows * cols)
-        self.out = nn.Linear(pooled, features)
+        if pooling == "keypoints":  # the cells' (x, y), for each map's expected position
+            y, x = torch.meshgrid(torch.linspace(-1, 1, rows), torch.linspace(-1, 1, cols),
+                                  indexing="ij")
+            self.register_buffer("grid", torch.stack([x.reshape(-1), y.reshape(-1)], -1),
+                                 persistent=False)
+        self.out = nn.Linear(keypoints * (2 if pooling == "keypoints" else rows * cols),
+                             features)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         maps = self.backbone(images).transpose(1, 2)  # [N, keypoints, cells]
