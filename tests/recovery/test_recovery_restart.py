@@ -32,7 +32,12 @@ from tests.support import (
     worker_env,
     write_recipe,
 )
-from tests.support.processes import run_python_module, start_python_module, torchrun_workers
+from tests.support.processes import (
+    run_python_module,
+    start_python_module,
+    torchrun_killpg_race,
+    torchrun_workers,
+)
 from tests.support.state_compare import assert_same_outcome, event_summary, implied_events
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -241,7 +246,9 @@ def test_a_signal_stops_every_rank_with_a_snapshot_and_resume_continues_exactly(
         assert f"stopped by SIGINT at update {stopped} of {MAX_UPDATES}" in err
     else:  # rank 0 did not get the signal itself; rank 1 told it through the all-reduce
         assert f"stopped by SIGTERM at update {stopped} of {MAX_UPDATES}" in err
-        assert err.count(f"exitcode  : {code}") == 2, err  # both workers, in torchrun's report
+        # Both workers in torchrun's report, unless torchrun lost its own race after they
+        # stopped (each worker's own exit code is checked above either way).
+        assert err.count(f"exitcode  : {code}") == 2 or torchrun_killpg_race(err), err
     assert "resume " + str(run) in err and "--nproc-per-node=2" in err
     assert "embodichain/core" not in err and "embodichain/cli" not in err  # no traceback of ours
 

@@ -125,6 +125,14 @@ def torchrun_workers(agent: int) -> dict[int, int]:
     return found
 
 
+def torchrun_killpg_race(stderr: str) -> bool:
+    """Whether torchrun itself died of `ProcessLookupError` in its `os.killpg` of a worker
+    group that had already exited (torch's elastic `SubprocessHandler.close` does not guard
+    it), instead of printing its report of the workers' exit codes. It happens after every
+    rank stopped, so a test of how ranks stop accepts it beside that report (seen in CI)."""
+    return "ProcessLookupError" in stderr and "os.killpg(self.proc.pid" in stderr
+
+
 def launch_summary(launches: Counter[str]) -> list[str]:
     """The session summary's lines: how many launches of each kind, then a warning for each
     reason the warm interpreter left torchrun's workers fresh (torch is not what it expects)."""
