@@ -46,7 +46,8 @@ class ModelSection(Section):
     """Width of the camera backbone (ACT's: a ResNet-18 layout with GroupNorm, from
     scratch, stages of 1, 2, 4, 8 times it)."""
     keypoints: PositiveInt = 32
-    """Spatial-softmax keypoints of the backbone's last feature map (lerobot: 32)."""
+    """Maps the backbone's last stage is projected to (1x1 conv), pooled by `image_pooling`
+    (lerobot: 32 spatial-softmax keypoints)."""
     image_features: PositiveInt = 64
     """Width of a camera's feature per frame (the pooled maps through a linear layer)."""
     image_pooling: Literal["keypoints", "flatten"] = "keypoints"
