@@ -148,6 +148,33 @@ def test_joint_noise_perturbs_training_only() -> None:
     assert torch.equal(trained[..., 14:], reference[..., 14:])
 
 
+def test_withheld_joints_are_zeroed_and_flagged_in_training_only() -> None:
+    """`model.state_dropout`. Catches joints withheld when acting (the closed loop would run
+    blind to the arms), withheld per frame rather than per example (the other frame would
+    give them away), or unflagged (a zeroed pose reads as a real one): in eval mode every
+    frame's flag is 1 and the joints are the plain policy's; in train mode about the asked
+    share of examples has both frames' joints and flags zeroed, the rest untouched."""
+    dropping = tiny_policy(state_dropout=0.5)
+    rng = np.random.default_rng(0)
+    batch = {"observation.state": torch.from_numpy(rng.normal(size=(256, 2, 14))).float(),
+             "observation.images.top": torch.from_numpy(
+                 rng.integers(0, 256, (256, 2, 24, 32, 3), dtype=np.uint8))}
+    reference = tiny_policy().condition(batch).reshape(256, 2, -1)
+    acting = dropping.condition(batch).reshape(256, 2, -1)
+    assert acting.shape[-1] == reference.shape[-1] + 1  # the flag
+    assert torch.equal(acting[..., :14], reference[..., :14])
+    assert torch.equal(acting[..., 14], torch.ones(256, 2))
+    dropping.train()
+    trained = dropping.condition(batch).reshape(256, 2, -1)
+    withheld = trained[..., 14] == 0
+    assert torch.equal(withheld[:, 0], withheld[:, 1])  # whole examples
+    assert 0.4 < float(withheld[:, 0].float().mean()) < 0.6
+    assert torch.equal(trained[withheld][:, :14], torch.zeros(int(withheld.sum()), 14))
+    kept = ~withheld
+    assert torch.equal(trained[kept][:, :14], reference[kept][:, :14])
+    assert torch.equal(trained[kept][:, 14], torch.ones(int(kept.sum())))
+
+
 class FixedMaps(torch.nn.Module):
     def __init__(self, maps: torch.Tensor) -> None:
         super().__init__()

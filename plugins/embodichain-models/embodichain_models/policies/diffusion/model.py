@@ -68,6 +68,7 @@ class DiffusionShape:
     prediction: str = "epsilon"  # or "sample": what the U-Net predicts (schema.ModelSection)
     state_noise: float = 0.0  # training noise on the normalised joints (schema.ModelSection)
     image_pooling: str = "keypoints"  # or "flatten" (schema.ModelSection)
+    state_dropout: float = 0.0  # training examples whose joints are withheld (schema.ModelSection)
 
 
 class CameraEncoder(nn.Module):
@@ -116,7 +117,8 @@ class DiffusionPolicy(nn.Module):
                                                        s.image_features, sizes[c],
                                                        s.image_pooling)
                                       for c in s.cameras})
-        per_frame = s.state_dim + s.env_dim + s.image_features * len(s.cameras)
+        per_frame = (s.state_dim + (1 if s.state_dropout else 0) + s.env_dim
+                     + s.image_features * len(s.cameras))
         self.unet = ConditionalUnet1d(s.action_dim, per_frame * s.n_obs_steps, s.down_dims,
                                       s.kernel_size, s.groups, s.step_embedding, s.film_scale)
         self.schedule = NoiseSchedule(s.train_timesteps, s.clip_sample)
@@ -136,6 +138,12 @@ class DiffusionPolicy(nn.Module):
         if self.training and s.state_noise:  # torch's generator, restored on resume
             state = state + torch.randn_like(state) * s.state_noise
         parts = [state]
+        if s.state_dropout:  # a flag per frame: are the joints there (always, when acting)
+            present = state.new_ones(*state.shape[:2], 1)
+            if self.training:  # per example, torch's generator, restored on resume
+                present = (torch.rand(state.shape[0], 1, 1, device=state.device)
+                           >= s.state_dropout).to(state.dtype).expand_as(present)
+            parts = [state * present, present]
         if s.env_dim:
             parts.append(self._normalised(observations[ENV_STATE], "env"))
         for camera, encoder in self.cameras.items():

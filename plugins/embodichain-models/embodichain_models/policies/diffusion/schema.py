@@ -69,6 +69,12 @@ class ModelSection(Section):
     positions, normalised to [-1, 1], the target horizon unchanged: the policy learns to steer
     back to the demonstrations' path from joints off it, and cannot read the joints'
     velocity from two frames 20 ms apart and follow its own drift (0: none)."""
+    state_dropout: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+    """Probability that a training example's joint positions (every frame of its history)
+    are withheld: zeroed, with a per-frame flag the policy reads (always 1 when acting).
+    Those examples are predicted from the camera alone, so the image feature keeps saying
+    where the cube (and the arms) are when the joints and their history would predict the
+    demonstrations' horizon without it (0: never)."""
     clip_sample: PositiveFloat | None = 1.0
     """The denoised horizon's estimate is clipped to +-this (actions are min-max
     normalised to [-1, 1]); null: not clipped."""

@@ -46,7 +46,7 @@ def make_model(config: DiffusionConfig, env_dim: int, stats: dict, fps: int,
         m.n_action_steps, tuple(m.down_dims), m.kernel_size, m.groups, m.step_embedding,
         m.film_scale, m.channels, m.keypoints, m.image_features, m.image_shift,
         m.train_timesteps, m.sampling_steps, m.clip_sample, m.prediction, m.state_noise,
-        m.image_pooling)
+        m.image_pooling, m.state_dropout)
     return DiffusionPolicy(shape, stats)
 
 
