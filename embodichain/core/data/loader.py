@@ -181,6 +181,8 @@ class BatchLoader:
         self._iterator: Iterator[Any] | None = None
         self._consumed = -1  # the sampler position the iterator's next batch starts at
         self._sigchld: Any = None
+        self._waiting = False  # in next(): a worker's death may be raised at once
+        self._death: DataFailure | None = None  # one seen elsewhere, raised at the next batch
         self._in_turn: InTurn | None = None  # under G: the update being loaded
         # On CUDA, in-memory batches one micro-batch ahead (prefetch.py): drawn from a
         # look-ahead copy of the sampler, which the sampler itself follows as consumed.
@@ -246,11 +248,16 @@ class BatchLoader:
         update = self.sampler.batches_drawn + 1
         try:
             assert self._iterator is not None
+            self._waiting = True
+            if self._death is not None:  # a worker that died while the rank was elsewhere
+                raise self._death
             loaded = next(self._iterator)
         except DataFailure:
             raise
         except Exception as exc:  # a worker died, or the DataLoader itself failed
             raise self._failure(exc, update) from None
+        finally:
+            self._waiting = False
         if isinstance(loaded, LoadFailure):
             self.close()
             raise self._failure(loaded, update)
@@ -267,6 +274,7 @@ class BatchLoader:
 
     def _start(self) -> None:
         self.close()
+        self._death = None  # the dead worker's loader is gone with it
         from torch.utils.data import DataLoader
 
         assert isinstance(self.source, DatasetSource)
@@ -300,7 +308,11 @@ class BatchLoader:
 
     def _wrap_sigchld(self) -> None:
         """torch raises a RuntimeError from its SIGCHLD handler when a worker dies, wherever
-        the training process is; it is turned into our DataFailure there too."""
+        the training process is. Ours turns it into a DataFailure, raised at once only while
+        the rank waits for a batch (which would otherwise wait for the dead worker); anywhere
+        else (the model's step, a checkpoint's write, an error's own handling) it is kept
+        and raised at the next batch, so it never cuts code that must finish, nor replaces
+        an error already on its way out with a bare one."""
         if threading.current_thread() is not threading.main_thread():
             return
         torch_handler = signal.getsignal(signal.SIGCHLD)
@@ -311,8 +323,10 @@ class BatchLoader:
             try:
                 torch_handler(signum, frame)
             except RuntimeError as exc:
-                raise self._failure(exc, self.sampler.batches_drawn + 1
-                                    ) from None
+                death = self._failure(exc, self.sampler.batches_drawn + 1)
+                if self._waiting:
+                    raise death from None
+                self._death = death
 
         self._sigchld = (torch_handler, handler)
         signal.signal(signal.SIGCHLD, handler)

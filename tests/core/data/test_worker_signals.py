@@ -167,3 +167,30 @@ def test_a_data_worker_stuck_in_getitem_still_ends_with_its_rank(how: str, tmp_p
         assert printed[1:] == ["closed;", "worker", "alive:", "False"], (printed, err.read_text())
     assert code == 0, (code, err.read_text())  # not hung in Python's exit
     assert not alive, f"data worker {worker} outlived its rank"
+
+
+def test_a_worker_killed_while_the_rank_is_elsewhere_fails_its_next_batch() -> None:
+    """Catches torch's SIGCHLD verdict raised wherever the rank happens to be when a data
+    worker dies (in a checkpoint's write, or in the handling of the error that the death
+    already caused, whose message it then replaces: the flake in which rank 1's "a data
+    worker process died" lost its "; the last snapshot is ..."): nothing is raised while the
+    rank is away from the loader, and its next batch raises the death, naming the worker."""
+    from embodichain.core.errors import DataFailure
+
+    loader = _loader(AugmentingDataset(_corpus(), True, None), workers=2)
+    try:
+        loader.next_batch()
+        victim = _data_workers()[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(victim):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        for _ in range(50):  # the SIGCHLD handler runs in here: it must not raise
+            time.sleep(0.01)
+        with pytest.raises(DataFailure) as failure:
+            loader.next_batch()
+    finally:
+        loader.close()
+    assert str(failure.value) == (f"a data worker process died (rank 0, update 2): DataLoader "
+                                  f"worker (pid {victim}) is killed by signal: Killed.")
