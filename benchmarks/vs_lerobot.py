@@ -9,6 +9,7 @@ import on the CPU torch). It is never a dependency of the project. lerobot's own
 --cameras top --size 120x160 DIR`).
 
     python benchmarks/vs_lerobot.py speed DIR --updates 100 --pairs 2    # matched, alternated
+    python benchmarks/vs_lerobot.py train-lerobot DIR --updates 8000 --out OUT  # resumable
     python benchmarks/vs_lerobot.py judge LEROBOT_RUN --ours OUR_RUN --seed 200000 --episodes 50
     python benchmarks/vs_lerobot.py as-shipped DIR --minutes 45          # equal wall-clock
 
@@ -20,6 +21,12 @@ pair; `--full-width` adds ours at the backbone width lerobot cannot halve,
 windows after the first), the data-wait share (ours `time/data_wait`; theirs
 `data_s / (updt_s + data_s)`), and the peak RSS of the largest process and the wall time
 (`/usr/bin/time -v`).
+
+`train-lerobot`: lerobot's matched run alone (ours is the recipe's own run, e.g. training
+seed 0), snapshots every `--save-every` updates; run again with the same `--out`, it goes on
+from lerobot's last checkpoint (`--resume=true`, lerobot's sample-exact resume), so a run
+longer than a sitting is done in pieces. Each piece's log is kept; the wall and CPU seconds
+are their sums.
 
 `judge`: a lerobot checkpoint through `lerobot_adapter.LerobotActAdapter` (its
 `select_action`, its normalisation, checked against its own preprocessor first) in our
@@ -133,13 +140,14 @@ privileged) included."""
 
 
 def lerobot_command(venv: Path, data: Path, out: Path, updates: int, log_every: int,
-                    options: list[str]) -> list[str]:
+                    options: list[str], save_every: int | None = None) -> list[str]:
     return [str(venv / "bin" / "lerobot-train"), f"--dataset.repo_id=local/{data.name}",
             f"--policy.input_features={CAMERA_POLICY}",
             f"--dataset.root={data}", "--dataset.video_backend=pyav", "--policy.type=act",
             "--policy.device=cpu", "--policy.push_to_hub=false",
             "--policy.pretrained_backbone_weights=null", f"--output_dir={out}",
-            f"--steps={updates}", f"--log_freq={log_every}", f"--save_freq={updates}",
+            f"--steps={updates}", f"--log_freq={log_every}",
+            f"--save_freq={save_every or updates}",
             "--num_workers=1", "--seed=0", "--wandb.enable=false", *options]
 
 
@@ -187,13 +195,50 @@ def ours_figures(out: Path) -> dict[str, float]:
 LEROBOT_LINE = re.compile(r"step:(\S+) .*updt_s:([\d.]+) data_s:([\d.]+)")
 
 
-def lerobot_figures(log: Path) -> dict[str, float]:
-    lines = LEROBOT_LINE.findall(log.read_text())
+def lerobot_figures(*logs: Path) -> dict[str, float]:
+    lines = [line for log in logs for line in LEROBOT_LINE.findall(log.read_text())]
     windows = [(float(u), float(d)) for _, u, d in lines]
     later = windows[1:] or windows
     return {"s_per_update": statistics.median(u + d for u, d in later),
             "data_wait": statistics.median(d / (u + d) for u, d in later),
             "updates": lines[-1][0]}
+
+
+def train_lerobot(args: argparse.Namespace) -> None:
+    out, data = args.out.resolve(), args.data.resolve()
+    shim = torchvision_ops_shim(out / "tvops")
+    env = bench_env(shim, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    run = out / "lerobot"
+    resumed = run / "checkpoints" / "last" / "pretrained_model" / "train_config.json"
+    if resumed.exists():
+        command = [str(args.venv / "bin" / "lerobot-train"), f"--config_path={resumed}",
+                   "--resume=true"]
+    else:
+        command = lerobot_command(args.venv, data, run, args.updates, args.log_every,
+                                  lerobot_matched(args.updates), save_every=args.save_every)
+    bounded(command, out / f"lerobot_train_{len(list(out.glob('lerobot_train_*.log')))}.log",
+            env, args.limit_s)
+    pieces = sorted(out.glob("lerobot_train_*.log"), key=lambda p: int(p.stem.split("_")[-1]))
+    timed = [log for log in pieces if WALL.search(log.read_text())]  # a killed piece: none
+    row = {"pieces": len(pieces), "timed_pieces": len(timed),
+           "wall_s": round(sum(_seconds(WALL.findall(log.read_text())[-1]) for log in timed), 1),
+           "cpu_s": round(sum(cpu_seconds(log) for log in timed), 1),
+           "peak_rss_mib": max((peak_rss_mib(log) for log in timed), default=float("nan")),
+           **lerobot_figures(*pieces),
+           "last_checkpoint": str(run / "checkpoints" / "last")}
+    print(json.dumps(row))
+    (out / "train_lerobot.json").write_text(json.dumps(row, indent=1))
+
+
+WALL = re.compile(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)")
+
+
+def _seconds(clock: str) -> float:
+    """`/usr/bin/time`'s h:mm:ss or m:ss.ss, in seconds."""
+    total = 0.0
+    for part in clock.split(":"):
+        total = total * 60 + float(part)
+    return total
 
 
 def speed(args: argparse.Namespace) -> None:
@@ -246,6 +291,14 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--full-width", action="store_true",
                    help="also ours with lerobot's backbone width (model.channels=64)")
     s.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot"))
+    t = commands.add_parser("train-lerobot", help="lerobot's matched run alone, resumable")
+    t.add_argument("data", type=Path)
+    t.add_argument("--updates", type=int, default=8000)
+    t.add_argument("--save-every", type=int, default=500)
+    t.add_argument("--log-every", type=int, default=50)
+    t.add_argument("--limit-s", type=int, default=6 * 3600)
+    t.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot_train"))
+    t.set_defaults(func=train_lerobot)
     from vs_lerobot_judge import add_judge_commands
 
     add_judge_commands(commands)
