@@ -215,7 +215,7 @@ def test_each_slot_keeps_its_own_history_and_a_reset_restarts_it() -> None:
         return torch.zeros(noise.shape)
 
     policy = HistoryActing(sample, ["observation.state", "observation.images.top"], 2, 4, 14,
-                           1)
+                           {"horizon": 1})
     rng = np.random.default_rng(0)
     steps = [observation(rng, 2) for _ in range(3)]
     policy.reset(0)
@@ -256,7 +256,7 @@ def test_the_policy_draws_its_noise_by_the_runners_rule() -> None:
         return torch.zeros(noise.shape)
 
     policy = HistoryActing(sample, ["observation.state", "observation.images.top"], 2, 4, 14,
-                           2)
+                           {"horizon": 2})
     obs = observation(np.random.default_rng(0), 2)
     for slot, seed in enumerate((11, 7)):
         policy.reset(slot)
@@ -270,6 +270,41 @@ def test_the_policy_draws_its_noise_by_the_runners_rule() -> None:
     assert len(drawn) == len(keys)
     for noise, (seed, k) in zip(drawn, keys, strict=True):
         assert np.array_equal(noise, episode_noise(seed, k, (4, 14)))
+
+
+def test_temporal_ensembling_samples_every_step_and_averages_as_act() -> None:
+    """`model.temporal_ensemble`. Catches the option lost on the way to acting (a horizon
+    every n_action_steps still) or ensembled otherwise than ACT's (the newest weighted most,
+    a stale horizon kept): with the k-th sampled horizon holding k in every action, step t
+    acts the exp(-m i)-weighted mean of the horizons sampled at t-7..t (horizon 8; i = 0 the
+    oldest), each from its own noise; the artifact's interface names that execution, and
+    giving n_action_steps too is refused."""
+    import pydantic
+    from embodichain_models.policies.diffusion.schema import ModelSection
+    from embodichain_models.policies.diffusion.sl_recipe import make_policy
+
+    model = tiny_policy(temporal_ensemble=0.5)
+    assert model.interface()["execution"] == {"temporal_ensemble": 0.5}
+    policy = make_policy(model, torch.device("cpu"))
+    sampled: list[np.ndarray] = []
+
+    def sample(histories: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        sampled.append(noise.numpy())
+        return torch.full(noise.shape, float(len(sampled) - 1))
+
+    policy.sample_fn = sample
+    policy.reset(0)
+    policy.seed_episode(0, 5)
+    obs = observation(np.random.default_rng(0), 1)
+    for t in range(10):
+        action = policy.act(obs)[0]
+        ages = list(range(max(0, t - 7), t + 1))
+        weights = np.exp(-0.5 * np.arange(len(ages)))
+        assert np.allclose(action, np.dot(weights, ages) / weights.sum(), rtol=0, atol=1e-6)
+    assert len(sampled) == 10 and not np.array_equal(sampled[0], sampled[1])
+    ModelSection(temporal_ensemble=0.01)
+    with pytest.raises(pydantic.ValidationError, match="n_action_steps .* or temporal_ensemble"):
+        ModelSection(temporal_ensemble=0.01, n_action_steps=4)
 
 
 def test_ddim_with_a_fixed_generator_is_deterministic_and_follows_the_episode_seed() -> None:

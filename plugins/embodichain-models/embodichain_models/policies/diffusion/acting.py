@@ -3,15 +3,17 @@
 `HistoryActing` is a `ClosedLoopPolicy` for a batch of environment slots. Each slot keeps
 its own history of the last `n_obs_steps` observations (at its episode's start the first
 observation repeated, as the dataset pads), held by the artifact runner's own `Frames`;
-every `n_action_steps` steps of a slot's episode a new horizon is sampled for it, from
-the noise `runner.episode_noise(seed, k, shape)` of its episode's seed (`seed_episode`, which
-the evaluation calls after `reset`) and the horizon's index k in the episode: an episode's
-noise, hence its verdict, does not depend on the rank or slot that ran it, and the exported
-artifact's runner draws the same noise by the same rule (numpy's, which needs no torch).
-The horizon's first `n_action_steps` actions are executed by the runner's `Horizon`
-execution. Each slot samples alone (a batch of one): a batched convolution's float32
-result depends in its last bits on the other rows, which a closed loop's contacts grow
-into another trajectory. The acting copy holds the full weights, so these forwards are
+every `n_action_steps` steps of a slot's episode (every step under temporal ensembling) a
+new horizon is sampled for it, from the noise `runner.episode_noise(seed, k, shape)` of its
+episode's seed (`seed_episode`, which the evaluation calls after `reset`) and the horizon's
+index k in the episode: an episode's noise, hence its verdict, does not depend on the rank
+or slot that ran it, and the exported artifact's runner draws the same noise by the same
+rule (numpy's, which needs no torch). The horizons become actions by the runner's own
+execution (`execution`, as the artifact's interface names it): the first `n_action_steps`
+of each (`Horizon`), or ACT's ensemble of every horizon's prediction for the step
+(`TemporalEnsemble`). Each slot samples alone (a batch of one): a batched convolution's
+float32 result depends in its last bits on the other rows, which a closed loop's contacts
+grow into another trajectory. The acting copy holds the full weights, so these forwards are
 local also under FSDP.
 """
 
@@ -23,23 +25,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodichain.core.deploy.runner import Frames, Horizon, episode_noise
+from embodichain.core.deploy.runner import Frames, episode_noise, execution_for
 from embodichain_models.policies.act.execution import observed
 
 SampleFn = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 
 class HistoryActing:
-    """See the module's docstring. `sample_fn(histories, noise) -> raw horizon`."""
+    """See the module's docstring. `sample_fn(histories, noise) -> raw horizon`;
+    `execution`: `{"horizon": n_action_steps}` or `{"temporal_ensemble": m}`."""
 
     def __init__(self, sample_fn: SampleFn, keys: Sequence[str], n_obs_steps: int,
-                 horizon: int, action_dim: int, n_action_steps: int,
+                 horizon: int, action_dim: int, execution: Mapping[str, float | int],
                  device: torch.device | str = "cpu") -> None:
         self.sample_fn, self.keys = sample_fn, list(keys)
         self.noise_shape = (horizon, action_dim)
         self.device = torch.device(device)
         self.frames = Frames([n_obs_steps] * len(self.keys))
-        self.execution = Horizon(n_action_steps, horizon)
+        self.execution = execution_for({"chunk": horizon, "execution": execution})
         self.episodes: dict[int, list[int]] = {}  # slot: [its episode's seed, horizons drawn]
 
     def reset(self, env_index: int) -> None:

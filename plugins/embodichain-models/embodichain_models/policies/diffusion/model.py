@@ -69,6 +69,7 @@ class DiffusionShape:
     state_noise: float = 0.0  # training noise on the normalised joints (schema.ModelSection)
     image_pooling: str = "keypoints"  # or "flatten" (schema.ModelSection)
     state_dropout: float = 0.0  # training examples whose joints are withheld (schema.ModelSection)
+    temporal_ensemble: float | None = None  # acting: a horizon every step, ensembled (schema)
 
 
 class CameraEncoder(nn.Module):
@@ -221,16 +222,25 @@ class DiffusionPolicy(nn.Module):
                 "source": ["pixels", c],
                 "meaning": f"camera {c!r}, RGB as the camera gives it (gym-aloha's "
                            f"pixels[{c!r}]); resized and normalised inside"}
+        every = ("step" if s.temporal_ensemble is not None
+                 else f"{s.n_action_steps} steps")
         noise = {"key": NOISE, "shape": [s.horizon, s.action_dim], "dtype": "float32",
                  **NOISE_RULE,
                  "meaning": "standard normal noise the sampler denoises into the horizon, a "
-                            f"new one for each horizon (every {s.n_action_steps} steps), "
+                            f"new one for each horizon (every {every}), "
                             "drawn by the runner from the episode's seed"}
         return {"observations": observations, "noise": noise,
                 "action": {"key": ACTION, "shape": [s.horizon, s.action_dim],
                            "meaning": "joint targets, as observation.state"},
                 "fps": s.fps, "chunk": s.horizon,
-                "execution": {"horizon": s.n_action_steps}}
+                "execution": execution_of(s)}
+
+
+def execution_of(shape: DiffusionShape) -> dict[str, float | int]:
+    """How sampled horizons become actions, as the artifact runner names it."""
+    if shape.temporal_ensemble is not None:
+        return {"temporal_ensemble": shape.temporal_ensemble}
+    return {"horizon": shape.n_action_steps}
 
 
 class DeployableDiffusion(nn.Module):

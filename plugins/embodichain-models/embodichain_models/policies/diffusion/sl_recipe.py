@@ -6,7 +6,8 @@ and the cameras' frames decoded in the data workers, or the objects' poses for a
 policy; R-DP-2) and the horizon of the next `horizon` actions (past the episode's end the
 last action repeated). The model is a Diffusion Policy (`model.py`) trained to predict DDPM
 noise; the recipe's `evaluation:` section judges it in gym-aloha's scene with ACT's judge,
-acting through `acting.py` (DDIM samples every `n_action_steps` steps, noise from each
+acting through `acting.py` (DDIM samples every `n_action_steps` steps, or every step
+ensembled, noise from each
 episode's seed; R-DP-3), usually with the EMA's weights (`trainer.ema`, `evaluation.acting:
 ema`). With held-out episodes validation also reports their noise-prediction error at fixed
 noise (`validation/noise_mse`, or `validation/sample_mse` when the model predicts the
@@ -29,6 +30,7 @@ from embodichain_models.policies.diffusion.acting import HistoryActing
 from embodichain_models.policies.diffusion.model import (
     DiffusionPolicy,
     DiffusionShape,
+    execution_of,
     objective,
 )
 from embodichain_models.policies.diffusion.schema import DiffusionConfig
@@ -46,7 +48,7 @@ def make_model(config: DiffusionConfig, env_dim: int, stats: dict, fps: int,
         m.n_action_steps, tuple(m.down_dims), m.kernel_size, m.groups, m.step_embedding,
         m.film_scale, m.channels, m.keypoints, m.image_features, m.image_shift,
         m.train_timesteps, m.sampling_steps, m.clip_sample, m.prediction, m.state_noise,
-        m.image_pooling, m.state_dropout)
+        m.image_pooling, m.state_dropout, m.temporal_ensemble)
     return DiffusionPolicy(shape, stats)
 
 
@@ -55,7 +57,7 @@ def make_policy(model: nn.Module, device: torch.device) -> HistoryActing:
     core: DiffusionPolicy = getattr(model, "module", model).acting_copy()
     s = core.shape
     return HistoryActing(core.act_chunk, core.observation_keys(), s.n_obs_steps, s.horizon,
-                         s.action_dim, s.n_action_steps, device)
+                         s.action_dim, execution_of(s), device)
 
 
 def build_supervised_trainer(config: DiffusionConfig, device: torch.device
