@@ -27,6 +27,15 @@ def evaluate(
     videos: Annotated[int | None, typer.Option(
         "--videos", metavar="K", help="Film the first K episodes (default: the recipe's "
         "evaluation.videos).")] = None,
+    validation: Annotated[bool, typer.Option(
+        "--validation", help="Judge the recipe's validation seeds (evaluation.seed), labelled "
+        "so: to choose between ways of acting (--set) as validation would, before a test "
+        "report.")] = False,
+    changes: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE", autocompletion=completion.set_keys,
+        help="Change the checkpoint's stored recipe, as long as its weights still fit, e.g. "
+        "--set model.temporal_ensemble=0.01 (how a policy acts); recorded in summary.json "
+        "(repeatable).")] = None,
     ema: Annotated[bool, typer.Option(
         "--ema", help="The EMA's weights act (default: the recipe's evaluation.acting).")
     ] = False,
@@ -49,14 +58,19 @@ def evaluate(
         from embodichain.core.evaluation.closed_loop import Overrides
         from embodichain.core.launch.self_launch import should_launch, worker_command
 
-        overrides = Overrides(episodes, seed, videos)
+        overrides = Overrides(episodes, seed, videos, validation)
+        changes = changes or []
         artifact = target.suffix in (".onnx", ".pt2")  # an exported policy (export --policy)
         if artifact and ema:
             raise UsageError(f"{target} is an exported policy: its weights are fixed (no --ema)")
+        if artifact and changes:
+            raise UsageError(f"{target} is an exported policy: its recipe is fixed in it (no "
+                             "--set); export the checkpoint again with the change")
         if should_launch(nproc_per_node):  # bad input refused before any worker starts
-            _check(target, artifact, out, overrides, ema, videos)
+            _check(target, artifact, out, overrides, ema, videos, changes)
         launch_if_asked(nproc_per_node, 0, lambda: worker_command(
             "eval", [("--episodes", episodes), ("--seed", seed), ("--videos", videos),
+                     ("--validation", validation), ("--set", changes),
                      ("--ema", ema), ("--out", out), ("--no-progress", no_progress),
                      ("--debug", debug)], [str(target)]))
         with _progress(not no_progress and env_rank() == 0) as progress:
@@ -69,13 +83,14 @@ def evaluate(
                 from embodichain.core.launch.evaluate import evaluate_checkpoint
 
                 found, result = evaluate_checkpoint(target, out=out, overrides=overrides,
-                                                    ema=ema, progress=progress)
+                                                    ema=ema, progress=progress,
+                                                    changes=changes)
         if result is not None:
             _print(found, result)
 
 
 def _check(target: Path, artifact: bool, out: Path | None, overrides: Any, ema: bool,
-           videos: int | None) -> None:
+           videos: int | None, changes: list[str]) -> None:
     """What the workers would refuse, refused once here before any starts (exit 2)."""
     if artifact:
         from embodichain.core.deploy.evaluate import check_artifact
@@ -84,7 +99,7 @@ def _check(target: Path, artifact: bool, out: Path | None, overrides: Any, ema: 
     else:
         from embodichain.core.launch.evaluate import find_target
 
-        found = find_target(target, out, overrides, ema)
+        found = find_target(target, out, overrides, ema, changes)
         if videos:  # where nothing renders: here, not by every worker
             _check_films(found.config["evaluation"])
 

@@ -39,6 +39,9 @@ class Overrides:
     episodes: int | None = None
     seed: int | None = None
     videos: int | None = None
+    validation: bool = False
+    """Judge the validation seeds themselves (`evaluation.seed`), labelled so: to choose
+    between ways of acting as the recipe's validation would, before a test report."""
 
 
 class Interrupted(Exception):  # noqa: N818 (what happened, not an error: the run stops)

@@ -3,9 +3,10 @@
 A recipe's `evaluation.seed .. + episodes - 1` are its validation seeds: they select
 `best.pt`, so a figure measured on them is not a test figure. `evaluation.test_seed`
 (with `test_episodes`) names seeds no validation touches (the schema refuses an overlap).
-`eval` judges, in order of preference: `--seed` (refused, exit 2, where it overlaps the
-validation seeds), the test seeds, else the validation seeds themselves, labelled so in
-summary.json (`seed_role`) and on the terminal.
+`eval` judges, in order of preference: `--validation` (the validation seeds, to choose
+between ways of acting as validation would), `--seed` (refused, exit 2, where it overlaps
+the validation seeds), the test seeds, else the validation seeds themselves; the role is
+labelled in summary.json (`seed_role`) and on the terminal.
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ def judged_seeds(config: EvaluationConfig, overrides: Overrides, what: str
     (`TEST` or `VALIDATION`); `--seed` overlapping the validation seeds is refused naming
     both ranges (UsageError, exit 2). `what`: the checkpoint or artifact, for the message."""
     validation = validation_seeds(config)
+    if overrides.validation:
+        if overrides.seed is not None:
+            raise UsageError(f"{what}: --validation judges the validation seeds {validation}; "
+                             f"--seed {overrides.seed} names others: give one of the two")
+        return replace(overrides, seed=config.seed,
+                       episodes=overrides.episodes or config.episodes), VALIDATION
     if overrides.seed is not None:
         episodes = overrides.episodes or (config.test_episodes if config.test_seed is not None
                                           else None) or config.episodes

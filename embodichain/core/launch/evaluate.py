@@ -14,6 +14,7 @@ validation runs, so the numbers are those of the validation at the checkpoint's 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,12 @@ from embodichain.core.evaluation.seed_ranges import judged_seeds
 from embodichain.core.launch.train import build_trainer
 from embodichain.core.observe.progress import configure_logging
 from embodichain.core.recipe.evaluation_schema import EvaluationConfig
-from embodichain.core.recipe.loading import Recipe, for_world_size, validate_recipe
+from embodichain.core.recipe.loading import (
+    Recipe,
+    apply_overrides,
+    for_world_size,
+    validate_recipe,
+)
 from embodichain.core.runs.elastic import without_derived_keys
 from embodichain.core.training.evaluating import run_closed_loop
 from embodichain.core.training.model_facts import (
@@ -56,11 +62,15 @@ class Target:
     model_facts: dict[str, Any] | None = None
     unknown_seeds: str | None = None
     """Why the demonstrations' seeds are unknown (the evaluation seeds went unchecked)."""
+    recipe_changes: tuple[str, ...] = ()
+    """`--set` items applied to the stored recipe (recorded in summary.json)."""
 
 
-def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool) -> Target:
-    """Rank 0: the checkpoint `target` names and its recipe; refuses (UsageError) what
-    cannot be evaluated, before anything is built or written."""
+def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool,
+                changes: Sequence[str] = ()) -> Target:
+    """Rank 0: the checkpoint `target` names and its recipe (with the `--set` `changes`,
+    which the weights must still fit: checked when they are loaded); refuses (UsageError,
+    ConfigError) what cannot be evaluated, before anything is built or written."""
     from embodichain.core.checkpoint.file import read_checkpoint
     from embodichain.core.runs.snapshots import newest_snapshot
 
@@ -83,6 +93,11 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
     config = run.get("config")
     if not isinstance(config, dict):
         raise UsageError(f"{path} holds no recipe; it cannot be evaluated")
+    if changes:  # e.g. how the policy acts: model.temporal_ensemble
+        config = apply_overrides(config, changes)
+        with rebuilding_to_act(run_record(run)):  # refused here, not by every rank
+            validate_recipe(without_derived_keys(config), source=f"{path} (stored recipe, "
+                            f"with --set {' --set '.join(changes)})")
     if not config.get("evaluation"):
         raise UsageError(f"the recipe of {path} has no evaluation section: nothing says which "
                          "environment to run (add one, docs/evaluation.md, and train again, "
@@ -99,18 +114,19 @@ def find_target(target: Path, out: Path | None, overrides: Overrides, ema: bool)
         raise UsageError(f"--out {destination}: exists and is not an empty directory; name "
                          "another (nothing was overwritten)")
     return Target(str(path), step, without_derived_keys(config), str(destination), acting_ema,
-                  run_record(run), unknown_seeds(run))
+                  run_record(run), unknown_seeds(run), tuple(changes))
 
 
 def evaluate_checkpoint(target: Path, *, out: Path | None = None,
                         overrides: Overrides | None = None, ema: bool = False,
-                        progress: Any = None) -> tuple[Target, EvaluationResult | None]:
+                        progress: Any = None, changes: Sequence[str] = ()
+                        ) -> tuple[Target, EvaluationResult | None]:
     """Evaluate on every rank (inside torchrun or alone); rank 0 returns the result and has
-    written it (None elsewhere)."""
+    written it (None elsewhere). `changes`: `--set` items for the stored recipe."""
     asked = overrides or Overrides()
     configure_logging(process_group.env_rank())
     found = Target(**process_group.from_rank_zero_before_group(
-        "eval/target", lambda: find_target(target, out, asked, ema).__dict__))
+        "eval/target", lambda: find_target(target, out, asked, ema, changes).__dict__))
     overrides, role = judged_seeds(EvaluationConfig.model_validate(
         found.config["evaluation"]), asked, found.checkpoint)  # the test seeds by default
     if process_group.env_rank() == 0:
@@ -122,8 +138,7 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
             found.config, source=f"{found.checkpoint} (stored recipe)"), 1)
     with process_group.distributed_run(recipe.config.device) as device, \
             rebuilding_to_act(found.model_facts):
-        trainer = build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
-                                                                   ema=found.ema))
+        trainer = _built(recipe, device, found)
         try:
             trainer.step = found.step
             result = run_closed_loop(trainer, ema=False, overrides=overrides,
@@ -135,6 +150,25 @@ def evaluate_checkpoint(target: Path, *, out: Path | None = None,
         result.seed_role = role
         write_result(found, result, overrides, world_size)
     return found, result
+
+
+def _built(recipe: Recipe, device: Any, found: Target) -> Any:
+    """The recipe's trainer with the checkpoint's weights; with `--set` changes, weights
+    that no longer fit are refused in eval's words (no --init-from was given)."""
+    try:
+        return build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
+                                                                ema=found.ema))
+    except UsageError as exc:
+        if not found.recipe_changes:
+            raise
+        mismatches = [line.split(" (re-initialise")[0] for line in str(exc).splitlines()
+                      if line.startswith("  - ")]
+        raise UsageError(
+            f"{found.checkpoint}: its weights do not fit the recipe as --set "
+            f"{' --set '.join(found.recipe_changes)} changes it (a change of the model's "
+            "shape needs another training, not an evaluation):\n" + "\n".join(mismatches[:5])
+            + (f"\n  ... and {len(mismatches) - 5} more" if len(mismatches) > 5 else "")
+            + "\nNothing was evaluated.") from None
 
 
 def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
@@ -149,6 +183,8 @@ def write_result(found: Target, result: EvaluationResult, overrides: Overrides,
              "seed": overrides.seed if overrides.seed is not None else evaluation["seed"],
              "weights": "ema" if found.ema else "model",
              "world_size": world_size,
+             **({"recipe_changes": list(found.recipe_changes)} if found.recipe_changes
+                else {}),
              **({DEMONSTRATION_SEEDS_UNKNOWN: found.unknown_seeds} if found.unknown_seeds
                 else {})}
     (out / "summary.json").write_text(json.dumps(summary(result, about), indent=2) + "\n")

@@ -198,3 +198,47 @@ def test_eval_of_the_artifact_gives_the_checkpoints_episodes(
     assert proc.returncode == 2, proc.stderr
     assert "noise declaration" in proc.stderr and "uniform" in proc.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_eval_judges_the_validation_seeds_and_acts_as_set(
+        diffusion_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`eval --validation [--set ...]`: how to choose a way of acting on the seeds that
+    validation uses, before one test report. Catches --validation judging other seeds or
+    otherwise than the run's own validation (its episodes must be the validation's, outcome
+    for outcome), a --set that does not reach the acting policy or is not recorded
+    (`model.temporal_ensemble` must ensemble a horizon sampled at every step, and
+    summary.json name the change), and a change the weights no longer fit judged anyway
+    (refused, exit 2, naming the checkpoint, nothing written)."""
+    from embodichain.core.deploy import runner
+    from tests.support.cli import invoke
+
+    validated = (diffusion_run / "evaluations" / f"update_{UPDATES:06d}.jsonl").read_text()
+    result = invoke("eval", str(diffusion_run), "--validation", "--out",
+                    str(tmp_path / "plain"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert outcomes([json.loads(line) for line in (tmp_path / "plain" / "episodes.jsonl")
+                     .read_text().splitlines()]) == outcomes(
+        [json.loads(line) for line in validated.splitlines()])
+    assert json.loads((tmp_path / "plain" / "summary.json").read_text())[
+        "seed_role"] == "validation"
+
+    ensembled: list[int] = []
+    step = runner.TemporalEnsemble.step
+    monkeypatch.setattr(runner.TemporalEnsemble, "step", lambda self, chunk: ensembled.append(
+        len(chunk)) or step(self, chunk))
+    result = invoke("eval", str(diffusion_run), "--validation", "--set",
+                    "model.temporal_ensemble=0.5", "--out", str(tmp_path / "te"),
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    # the admission check acts once on the first observation, then 6 steps of 2 slots: a
+    # horizon per slot at every step
+    assert ensembled == [2] * 7, ensembled
+    summary = json.loads((tmp_path / "te" / "summary.json").read_text())
+    assert summary["recipe_changes"] == ["model.temporal_ensemble=0.5"]
+    assert summary["seeds"] == "100000..100001" and summary["seed_role"] == "validation"
+
+    proc = run_cli("eval", str(diffusion_run), "--set", "model.down_dims=[16, 32]", "--out",
+                   str(tmp_path / "refit"), "--no-progress")
+    assert proc.returncode == 2, proc.stderr
+    assert "its weights do not fit the recipe as --set model.down_dims=[16, 32]" in proc.stderr
+    assert not (tmp_path / "refit").exists()

@@ -36,8 +36,9 @@ class ModelSection(Section):
     temporal_ensemble: PositiveFloat | None = None
     """Or ACT's temporal ensembling when acting: a horizon sampled every step, the action
     the average of every horizon's prediction for the step, weighted exp(-m i) with i = 0
-    the oldest (ACT: m = 0.01); its m. Acting only: the training is the same. With it,
-    `n_action_steps` is not used (giving both is refused)."""
+    the oldest (ACT: m = 0.01); its m. Acting only: the training is the same, so a trained
+    checkpoint can be judged with it (`embodichain eval CKPT --set
+    model.temporal_ensemble=0.01`). With it, `n_action_steps` is not used."""
     down_dims: list[PositiveInt] = Field(default_factory=lambda: [64, 128, 256], min_length=1)
     """The U-Net's widths, one level each (lerobot: 512, 1024, 2048)."""
     kernel_size: PositiveInt = 5
@@ -95,9 +96,6 @@ class ModelSection(Section):
             if width % self.groups:
                 raise ValueError(f"model.down_dims: width {width} is not a multiple of "
                                  f"model.groups ({self.groups})")
-        if self.temporal_ensemble is not None and "n_action_steps" in self.model_fields_set:
-            raise ValueError("model: give n_action_steps (a horizon's actions executed) or "
-                             "temporal_ensemble (a horizon every step, ensembled), not both")
         if self.n_action_steps > self.horizon:
             raise ValueError(f"model.n_action_steps ({self.n_action_steps}) exceeds "
                              f"model.horizon ({self.horizon})")
