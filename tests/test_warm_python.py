@@ -77,7 +77,7 @@ def _worker_probe(tmp_path: Path) -> dict[str, str]:
         "    seen['orphaned'] = os.getppid() != parent\n"
         "    open(sys.argv[2] + '.part', 'w').write(json.dumps(seen))\n"
         "    os.replace(sys.argv[2] + '.part', sys.argv[2])\n"
-        "print(json.dumps(seen), flush=True)\n"
+        "os.write(1, (json.dumps(seen) + '\\n').encode())  # one write: the ranks' lines whole\n"
         "sys.exit(3 if sys.argv[1] == 'fail' and rank == '1' else 0)\n")
     return worker_env(PYTHONPATH=str(probe.parent))
 

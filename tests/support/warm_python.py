@@ -473,6 +473,10 @@ def _serve(listener: socket.socket, control: int, *, orphan_on_close: bool) -> N
     (a pipe from the client) ends; then kill what is still running, or leave it to run
     on (`orphan_on_close`: torchrun's workers outlive a dead agent)."""
     waiting: dict[int, socket.socket] = {}  # child pid -> the connection awaiting its status
+    # Told its status, a child stays a zombie (still in its process group) until the client
+    # has read it and closed: torchrun's agent signals a worker's group (killpg) while its
+    # poll() says running, which a child reaped before the client knew would turn into ESRCH.
+    told: dict[int, socket.socket] = {}
     while True:
         readable, _, _ = select.select([listener, control], [], [], 0.02)
         if control in readable and not os.read(control, 1):
@@ -492,21 +496,32 @@ def _serve(listener: socket.socket, control: int, *, orphan_on_close: bool) -> N
             conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = conn
         for pid in list(waiting):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(_workdir, ENVIRON, str(pid)))
-                code = os.waitstatus_to_exitcode(status)
-                conn = waiting.pop(pid)
+            ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if ended is not None and ended.si_pid == pid:
+                code = (ended.si_status if ended.si_code == os.CLD_EXITED
+                        else -ended.si_status)  # killed (or dumped) by a signal
+                conn = told[pid] = waiting.pop(pid)
                 try:
                     conn.sendall(json.dumps({"status": code}).encode() + b"\n")
                 except OSError:
-                    pass  # the caller timed out and left
-                conn.close()
+                    pass  # the caller timed out and left: reaped below
+        for pid, conn in list(told.items()):
+            if select.select([conn], [], [], 0)[0]:  # the client read its status and closed
+                _reap(pid, told.pop(pid))
     if orphan_on_close:
         os._exit(0)
+    for pid, conn in told.items():
+        _reap(pid, conn)
     for pid in waiting:
         os.kill(pid, signal.SIGKILL)
+
+
+def _reap(pid: int, conn: socket.socket) -> None:
+    """A child whose end its client knows: reaped, its recorded environment dropped."""
+    os.waitpid(pid, 0)
+    conn.close()
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(_workdir, ENVIRON, str(pid)))
 
 
 def _record_environ(pid: int, env: dict[str, str]) -> None:
