@@ -219,9 +219,10 @@ def train_lerobot(args: argparse.Namespace) -> None:
     bounded(command, out / f"lerobot_train_{len(list(out.glob('lerobot_train_*.log')))}.log",
             env, args.limit_s)
     pieces = sorted(out.glob("lerobot_train_*.log"), key=lambda p: int(p.stem.split("_")[-1]))
-    timed = [log for log in pieces if WALL.search(log.read_text())]  # a killed piece: none
+    walls = {log: WALL.findall(log.read_text()) for log in pieces}
+    timed = [log for log in pieces if walls[log]]  # a killed piece has no time report
     row = {"pieces": len(pieces), "timed_pieces": len(timed),
-           "wall_s": round(sum(_seconds(WALL.findall(log.read_text())[-1]) for log in timed), 1),
+           "wall_s": round(sum(_seconds(walls[log][-1]) for log in timed), 1),
            "cpu_s": round(sum(cpu_seconds(log) for log in timed), 1),
            "peak_rss_mib": max((peak_rss_mib(log) for log in timed), default=float("nan")),
            **lerobot_figures(*pieces),
