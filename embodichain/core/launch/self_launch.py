@@ -85,9 +85,28 @@ def launch(nproc_per_node: int, max_restarts: int, worker_args: Sequence[str]) -
             print(f"worker(s) failed (exit {', '.join(map(str, sorted(codes)))}); restarting "
                   f"all {nproc_per_node} workers ({max_restarts - attempt} of {max_restarts} "
                   "restarts left)", file=sys.stderr, flush=True)
-        except SignalException as exc:
-            return {2: 130, 15: 143}.get(int(exc.sigval), 1)
+        except Exception as exc:
+            stop = _signal_behind(exc, SignalException)
+            if stop is None:
+                raise
+            return {2: 130, 15: 143}.get(int(stop.sigval), 1)
     raise AssertionError("unreachable")
+
+
+def _signal_behind(exc: BaseException, signal_exception: type) -> BaseException | None:
+    """The agent's SignalException that `exc` is or was raised while handling.
+
+    torch raises it from a signal handler, so it can land anywhere, e.g. in the
+    `metrics.prof` wrapper between its `try:` and `start = time.time()`, whose `finally`
+    then raises UnboundLocalError instead: the stop is still a stop (seen in CI)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, signal_exception):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def _launch_once(nproc_per_node: int, worker_args: Sequence[str]) -> None:

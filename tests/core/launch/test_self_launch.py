@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from embodichain.core.checkpoint.file import read_checkpoint
+from embodichain.core.runs.commands import SELF_LAUNCHED
 from tests.support import REPO, start_python_module, worker_env, write_recipe
 
 pytestmark = pytest.mark.slow  # every test here launches torchrun workers
@@ -99,3 +100,32 @@ def test_sigterm_to_the_self_launcher_stops_with_a_snapshot_and_exits_143(
         f"work is lost. Continue with: embodichain resume {run} --nproc-per-node 2"], err
     assert "Traceback" not in err and "terminate called" not in err, err
     assert read_checkpoint(run / "last.pt")["manifest"]["step"] == 9
+
+
+def test_a_signal_landing_inside_torchs_metrics_wrapper_is_still_a_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """R-SIG-1: torch raises the agent's SignalException from its signal handler, so it can
+    land in `metrics.prof`'s wrapper before `start = time.time()` is bound; its `finally` then
+    raises UnboundLocalError with the stop as its context (seen once in CI: the launcher
+    exited 1 with `error: UnboundLocalError`). Driven here through torch's own wrapper, the
+    signal arriving in that `time.time()`. Catches a launcher that looks only at the raised
+    exception's type."""
+    from torch.distributed.elastic import metrics
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from embodichain.core.launch import self_launch
+
+    def signalled() -> float:
+        raise SignalException("Process got signal: 15", sigval=signal.SIGTERM)
+
+    @metrics.prof
+    def run_the_agent(nproc_per_node: int, worker_args: object) -> None:
+        raise AssertionError("the signal arrives before the agent runs")
+
+    monkeypatch.setattr(metrics.api.time, "time", signalled)
+    monkeypatch.setattr(self_launch, "_launch_once", run_the_agent)
+    monkeypatch.setattr(self_launch, "ran_an_agent", False)  # launch() sets both: undone after
+    monkeypatch.setenv(SELF_LAUNCHED, "1")
+    with pytest.raises(UnboundLocalError):  # torch's wrapper really turns the stop into this
+        run_the_agent(2, [])
+    assert self_launch.launch(2, 0, ["train-sl"]) == 143
