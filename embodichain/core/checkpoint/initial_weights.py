@@ -242,6 +242,15 @@ class Match:
     mismatched: list[str]  # described: name, both shapes
 
 
+class WeightsDoNotFit(UsageError):
+    """The file's tensors do not fit the model; `found` says which, for a caller (such as
+    eval, which gave no --init-from) that words the refusal its own way."""
+
+    def __init__(self, message: str, found: Match) -> None:
+        super().__init__(message)
+        self.found = found
+
+
 def match(own: Mapping[str, tuple[int, ...]], weights: InitialWeights) -> Match:
     """Compare the model's tensors (name -> global shape) with the file's."""
     spec, source, where = weights.spec, weights.shapes, weights.record["path"]
@@ -286,8 +295,8 @@ def load_into(model: nn.Module, weights: InitialWeights) -> None:
                         "of another model? Without --init-from the run starts from its seed")
     if problems:
         listed = "\n".join(f"  - {p}" for p in problems)
-        raise UsageError(f"--init-from {where}: its tensors do not match the model's\n{listed}"
-                         "\nNothing was started.")
+        raise WeightsDoNotFit(f"--init-from {where}: its tensors do not match the model's\n"
+                              f"{listed}\nNothing was started.", found)
     load_rows(model, found.loaded, directory=weights.directory, pieces=weights.pieces,
               view=weights.view, where=where)
     if process_group.is_rank_zero():

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodichain.core.checkpoint.initial_weights import InitFrom
+from embodichain.core.checkpoint.initial_weights import InitFrom, WeightsDoNotFit
 from embodichain.core.distributed import process_group
 from embodichain.core.errors import CheckpointError, UsageError
 from embodichain.core.evaluation.admission import (
@@ -158,16 +158,18 @@ def _built(recipe: Recipe, device: Any, found: Target) -> Any:
     try:
         return build_trainer(recipe, device, init_from=InitFrom(Path(found.checkpoint),
                                                                 ema=found.ema))
-    except UsageError as exc:
+    except WeightsDoNotFit as exc:
         if not found.recipe_changes:
             raise
-        mismatches = [line.split(" (re-initialise")[0] for line in str(exc).splitlines()
-                      if line.startswith("  - ")]
+        fit = exc.found
+        problems = [*fit.mismatched, *(f"{n}: not in {found.checkpoint}" for n in fit.missing),
+                    *(f"{n}: in {found.checkpoint}, not in the model" for n in fit.unexpected)]
         raise UsageError(
             f"{found.checkpoint}: its weights do not fit the recipe as --set "
             f"{' --set '.join(found.recipe_changes)} changes it (a change of the model's "
-            "shape needs another training, not an evaluation):\n" + "\n".join(mismatches[:5])
-            + (f"\n  ... and {len(mismatches) - 5} more" if len(mismatches) > 5 else "")
+            "shape needs another training, not an evaluation):\n"
+            + "\n".join(f"  - {p}" for p in problems[:5])
+            + (f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else "")
             + "\nNothing was evaluated.") from None
 
 

@@ -241,4 +241,7 @@ def test_eval_judges_the_validation_seeds_and_acts_as_set(
                    str(tmp_path / "refit"), "--no-progress")
     assert proc.returncode == 2, proc.stderr
     assert "its weights do not fit the recipe as --set model.down_dims=[16, 32]" in proc.stderr
+    # in eval's words: which tensor, both shapes, and none of --init-from's remedies
+    assert "\n  - " in proc.stderr and "in the model" in proc.stderr, proc.stderr
+    assert "--init-" not in proc.stderr and "Nothing was evaluated." in proc.stderr, proc.stderr
     assert not (tmp_path / "refit").exists()
