@@ -33,8 +33,6 @@ from lerobot_adapter import (
     read_stats,
 )
 
-from embodichain.core.evaluation.intervals import wilson_interval
-
 OUTCOMES = ("success", "strict_success")
 
 
@@ -128,6 +126,9 @@ def run_episodes(adapter: LerobotActAdapter, seed: int, episodes: int, batch: in
 
 
 def rates(records: list[dict]) -> dict[str, dict]:
+    # imported here: the lerobot child reaches our packages only once judge_lerobot added them
+    from embodichain.core.evaluation.intervals import wilson_interval
+
     n = len(records)
     out = {}
     for name in OUTCOMES:
