@@ -44,13 +44,13 @@ def frames_of(model: torch.nn.Module, data: Path, episodes: list[int], every: in
     deltas = {ACTION: [i / fps for i in range(steps)],
               **({k: past for k in keys} if history > 1 else {})}
     frames = LeRobotFrames(data, episodes=episodes, delta_timestamps=deltas,
-                           features=[*keys, ACTION, ENV_STATE, "episode_index", "frame_index"])
-    batch = torch.utils.data.default_collate([frames[i] for i in range(0, len(frames), every)])
-    starts = LeRobotFrames(data, episodes=episodes, features=[ENV_STATE, "episode_index",
-                                                              "frame_index"])
-    first_y = {int(it["episode_index"]): float(it[ENV_STATE][1])
-               for it in (starts[i] for i in range(len(starts))) if int(it["frame_index"]) == 0}
-    cube_y = torch.tensor([first_y[int(e)] for e in batch["episode_index"]])
+                           features=[*keys, ACTION])
+    picked = range(0, len(frames), every)
+    batch = torch.utils.data.default_collate([frames[i] for i in picked])
+    states = LeRobotFrames(data, episodes=episodes, features=[ENV_STATE])  # no video: cheap
+    first_rows = [frames.episode_of(i)[1] for i in picked]
+    first_y = {row: float(states[row][ENV_STATE][1]) for row in set(first_rows)}
+    cube_y = torch.tensor([first_y[row] for row in first_rows])
     return {k: batch[k] for k in keys}, batch[ACTION], cube_y
 
 
