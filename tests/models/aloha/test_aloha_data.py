@@ -88,6 +88,52 @@ def test_a_camera_is_recorded_as_video_of_the_replayed_frames(recorders, tmp_pat
     assert (image - truth).abs().mean() < 0.05
 
 
+def test_frames_rendered_in_worker_processes_are_the_same_bytes(recorders, tmp_path) -> None:
+    """Catches worker processes that render another episode, step or camera than the one
+    the writer stores, or scenes that differ from this process's (`prepare --workers`):
+    the dataset written with 2 rendering processes equals the one written with none, file
+    by file, byte for byte; the progress still counts every frame."""
+    recorder = recorders["transfer_cube"]
+    try:
+        recorder.scene.check_camera("top")
+    except RenderingUnavailable as exc:  # no OpenGL here (absent hardware/driver)
+        pytest.skip(str(exc))
+    demos = [recorder.demonstrate(seed) for seed in (5, 6, 7)]
+    for demo in demos:
+        for name in ("state", "env_state", "action", "targets", "rewards"):
+            setattr(demo, name, getattr(demo, name)[:6])
+    size = (24, 32)
+    spec = features(TASKS["transfer_cube"], ["top", "angle"], size)
+    counted = {1: 0, 2: 0}
+    for workers in counted:
+        def rendered(workers: int = workers) -> None:
+            counted[workers] += 1
+
+        with LazyEpisodes(recorder, demos, ["top", "angle"], size, rendered,
+                          workers=workers) as episodes:
+            write_dataset(tmp_path / f"w{workers}", episodes, spec, 50, robot_type="aloha",
+                          episodes_per_file=2)
+    assert counted == {1: 3 * 6 * 2, 2: 3 * 6 * 2}
+    files = sorted(p.relative_to(tmp_path / "w1") for p in (tmp_path / "w1").rglob("*")
+                   if p.is_file())
+    assert any(f.suffix == ".mp4" for f in files) and len(files) > 4
+    for name in files:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), \
+            name
+
+
+def test_no_rendering_process_is_refused_before_anything_runs(tmp_path, capsys) -> None:
+    """Catches `--workers 0` reaching the pool (a hang or a stack trace after the experts
+    ran): exit 2 naming the option, nothing written."""
+    from embodichain_models.data.aloha.prepare import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--task", "transfer_cube", "--workers", "0", str(tmp_path / "out")])
+    assert stop.value.code == 2
+    assert "--workers 0: at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def _numbered_dataset(root: Path, cameras: tuple[str, ...] = (),
                       size: tuple[int, int] = (48, 64), frames: int = 6) -> Path:
     """Two made-up transfer-cube episodes whose every value at frame t of episode e is

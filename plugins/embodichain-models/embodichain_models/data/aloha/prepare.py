@@ -79,12 +79,13 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequence[str] = (),
             size: tuple[int, int] = (480, 640), overwrite: bool = False,
-            max_attempts: int | None = None, log=print, progress: bool = True) -> dict:
+            max_attempts: int | None = None, log=print, progress: bool = True,
+            workers: int = 1) -> dict:
     """Record `episodes` demonstrations of `task` that finish the task at `out`; returns
     what was done (seeds, attempts, the expert's field success and finish rates, seconds
     per episode). `progress`: the cameras' rendering and encoding show their progress
     (episodes rendered, frames/s, time left: a rich line on a terminal, else a line every
-    30 s)."""
+    30 s). `workers`: processes rendering the cameras (the experts run in this one)."""
     from embodichain_models.data.aloha.record import LazyEpisodes, Recorder
     from embodichain_models.data.lerobot.writer import write_dataset
 
@@ -117,11 +118,11 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
     frame_bytes = size[0] * size[1] * 3 * EPISODE_STEPS * max(len(cameras), 1)
     per_file = max(1, min(50, IMAGE_BYTES_PER_FILE // frame_bytes)) if cameras else 50
     start = time.perf_counter()
-    with rendering_progress(kept, cameras, progress and bool(cameras)) as rendered:
-        write_dataset(out, LazyEpisodes(recorder, kept, cameras, size,  # type: ignore[arg-type]
-                                        rendered),
-                      features(spec, cameras, size), FPS, episodes_per_file=per_file,
-                      robot_type="aloha", overwrite=overwrite)
+    with (rendering_progress(kept, cameras, progress and bool(cameras)) as rendered,
+          LazyEpisodes(recorder, kept, cameras, size, rendered, workers) as lazy):
+        write_dataset(out, lazy, features(spec, cameras, size),  # type: ignore[arg-type]
+                      FPS, episodes_per_file=per_file, robot_type="aloha",
+                      overwrite=overwrite)
     written = time.perf_counter() - start
     report = {"task": spec.name, "text": spec.text, "episodes": len(kept), "attempts": tried,
               "expert_success_rate": successes / tried,
@@ -177,6 +178,9 @@ def command_line() -> argparse.ArgumentParser:
                              "(a whole fraction), default 480x640")
     parser.add_argument("--max-attempts", type=int, default=None,
                         help="seeds tried at most (default 2 x episodes + 10)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes rendering the cameras, an episode each at a time "
+                             "(default 1; at most one per core)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset")
     parser.add_argument("--quiet", action="store_true", help="no line per episode")
     parser.add_argument("--no-progress", action="store_true",
@@ -189,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.exit(2, f"error: --episodes {args.episodes}: at least 1\n")
+    if args.workers < 1:
+        parser.exit(2, f"error: --workers {args.workers}: at least 1\n")
     try:
         from embodichain_models.envs.aloha.scene import require_sim
 
@@ -196,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         require_sim()
         report = prepare(args.out, args.task, args.episodes, args.seed, args.cameras,
                          args.size, args.overwrite, args.max_attempts,
-                         None if args.quiet else print, not args.no_progress)
+                         None if args.quiet else print, not args.no_progress, args.workers)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -153,12 +154,18 @@ def downsample(frame: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 class LazyEpisodes(Sequence):
     """The demonstrations as the dataset writer's episodes, camera frames rendered only
     when the writer reaches an episode's file, so memory holds one file's frames;
-    `rendered()` is called after each frame."""
+    `rendered()` is called after each frame. With `workers` > 1 the frames are rendered
+    in that many processes (the writer reads the episodes in order, so each process works
+    one episode ahead: memory holds up to `workers` more episodes' frames); use it as a
+    context manager then, which stops the processes."""
 
     def __init__(self, recorder: Recorder, demos: list[Demonstration], cameras: Sequence[str],
-                 size: tuple[int, int], rendered: Callable[[], None] | None = None) -> None:
+                 size: tuple[int, int], rendered: Callable[[], None] | None = None,
+                 workers: int = 1) -> None:
         self.recorder, self.demos, self.cameras, self.size = recorder, demos, cameras, size
         self.rendered = rendered
+        self.pool = _FramePool(recorder.task.name, demos, cameras, size, workers) \
+            if workers > 1 and cameras else None
 
     def __len__(self) -> int:
         return len(self.demos)
@@ -166,17 +173,85 @@ class LazyEpisodes(Sequence):
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return _Episode(self, self.demos[i])
+        return _Episode(self, i)
 
     def __iter__(self) -> Iterator:
         return (self[i] for i in range(len(self)))
+
+    def __enter__(self) -> LazyEpisodes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def frames(self, index: int) -> dict[str, np.ndarray]:
+        """Each camera's frames of demonstration `index`."""
+        demo = self.demos[index]
+        if self.pool is None:
+            return {camera: self.recorder.frames(demo, camera, self.size, self.rendered)
+                    for camera in self.cameras}
+        frames = self.pool.frames(index)
+        if self.rendered is not None:
+            for _ in range(sum(len(f) for f in frames.values())):
+                self.rendered()
+        return frames
+
+
+class _FramePool:
+    """Renders demonstrations' camera frames in worker processes, each with its own scenes,
+    the next `workers` episodes submitted ahead of the one asked for."""
+
+    def __init__(self, task: str, demos: list[Demonstration], cameras: Sequence[str],
+                 size: tuple[int, int], workers: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.demos, self.cameras, self.size, self.workers = demos, list(cameras), size, workers
+        # Spawned, not forked: a fork would inherit this process's MuJoCo and OpenGL state.
+        self.executor = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"),
+                                            initializer=_start_worker, initargs=(task,))
+        self.pending: dict[int, Future] = {}
+        self.submitted = 0
+
+    def frames(self, index: int) -> dict[str, np.ndarray]:
+        if index not in self.pending:  # asked out of order: rendered on its own
+            self.pending[index] = self._submit(index)
+        while self.submitted < min(index + 1 + self.workers, len(self.demos)):
+            if self.submitted not in self.pending:
+                self.pending[self.submitted] = self._submit(self.submitted)
+            self.submitted += 1
+        return self.pending.pop(index).result()
+
+    def _submit(self, index: int) -> Future:
+        return self.executor.submit(_render_in_worker, self.demos[index], self.cameras,
+                                    self.size)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+_worker_recorder: Recorder | None = None
+
+
+def _start_worker(task: str) -> None:
+    from embodichain_models.envs.aloha.tasks import task_named
+
+    global _worker_recorder
+    _worker_recorder = Recorder(task_named(task))
+
+
+def _render_in_worker(demo: Demonstration, cameras: list[str],
+                      size: tuple[int, int]) -> dict[str, np.ndarray]:
+    assert _worker_recorder is not None
+    return {camera: _worker_recorder.frames(demo, camera, size) for camera in cameras}
 
 
 class _Episode:
     """An `EpisodeData` whose camera frames are rendered on first use."""
 
-    def __init__(self, owner: LazyEpisodes, demo: Demonstration) -> None:
-        self.owner, self.demo = owner, demo
+    def __init__(self, owner: LazyEpisodes, index: int) -> None:
+        self.owner, self.index, self.demo = owner, index, owner.demos[index]
         self.task = owner.recorder.task.text
 
     @property
@@ -185,10 +260,9 @@ class _Episode:
 
     @cached_property
     def values(self) -> dict[str, np.ndarray]:
-        d, o = self.demo, self.owner
+        d = self.demo
         values = {"observation.state": d.state, "observation.environment_state": d.env_state,
                   "action": d.action}
-        for camera in o.cameras:
-            values[f"observation.images.{camera}"] = o.recorder.frames(d, camera, o.size,
-                                                                       o.rendered)
+        frames = self.owner.frames(self.index)
+        values.update({f"observation.images.{camera}": f for camera, f in frames.items()})
         return values
