@@ -71,3 +71,27 @@ def test_no_progress_is_an_option_of_prepare() -> None:
     args = command_line().parse_args(["out", "--task", "insertion", "--no-progress"])
     assert args.no_progress
     assert not command_line().parse_args(["out", "--task", "insertion"]).no_progress
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_prepare_hands_its_progress_option_to_the_rendering(monkeypatch, tmp_path: Path,
+                                                           progress: bool) -> None:
+    """Catches `--no-progress` lost inside `prepare` (a name that shadowed the option made
+    every recording show its rendering): the rendering's progress is enabled exactly as
+    asked. Stopped where the rendering would begin."""
+    import embodichain_models.data.aloha.prepare as module
+
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def rendering_progress(demos, cameras, enabled, **options):
+        asked.append(enabled)
+        raise Stop
+
+    monkeypatch.setattr(module, "rendering_progress", rendering_progress)
+    with pytest.raises(Stop):
+        module.prepare(tmp_path / "out", "transfer_cube", 1, seed=3, cameras=["top"],
+                       size=SIZE, log=None, progress=progress)
+    assert asked == [progress]

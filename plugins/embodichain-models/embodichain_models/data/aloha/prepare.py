@@ -2,7 +2,7 @@
 
     python -m embodichain_models.data.aloha.prepare --task transfer_cube --episodes 50 OUT
     python -m embodichain_models.data.aloha.prepare --task insertion --episodes 50 \\
-        --cameras top --size 120x160 OUT
+        --cameras top --size 120x160 --workers 2 OUT
 
 (needs `pip install 'embodichain-models[sim]'`). The bimanual expert of ACT runs in the
 end-effector scene and its joint trajectory is replayed in the joint-space scene (see
@@ -13,7 +13,8 @@ targets) and the task's text, and with `--cameras` each camera as an mp4 video
 `observation.images.top`): rendered as gym-aloha renders its cameras (480x640, the scene's
 shadows and reflections: about 0.1 s a frame on software OpenGL) and averaged down to
 `--size` (a whole fraction: 480x640, 240x320, 120x160, ...), as the camera policy averages
-the camera's frames when it acts. Seeds are tried from `--seed` up until `--episodes`
+the camera's frames when it acts; `--workers` processes render them, an episode each (the
+dataset is the same bytes). Seeds are tried from `--seed` up until `--episodes`
 demonstrations finish the task (done at the last step, R-ALOHA-2: the top reward's own
 condition at step 400, the evaluation's strict rule, R-TRUST-1; the others are dropped,
 and counted both by the field's verdict, the top reward reached, and by the finish); they
@@ -101,14 +102,14 @@ def prepare(out: Path, task: str, episodes: int, seed: int = 0, cameras: Sequenc
     for camera in cameras:  # before any episode is recorded
         recorder.scene.check_camera(camera)
 
-    def progress(demo, kept: int, tried: int) -> None:
+    def attempted(demo, kept: int, tried: int) -> None:
         if log is not None:
             verdict = ("finished" if demo.finished else "NOT FINISHED (dropped)") + (
                 "" if demo.success else ", top reward never reached")
             log(f"seed {demo.seed}: {verdict} (max reward {demo.rewards.max():g}, last "
                 f"{demo.rewards[-1]:g}); {kept}/{episodes} kept of {tried}")
 
-    kept, attempted, seconds = recorder.finished(episodes, seed, attempts, progress)
+    kept, attempted, seconds = recorder.finished(episodes, seed, attempts, attempted)
     tried = len(attempted)
     successes = sum(d.success for d in attempted)
     if len(kept) < episodes:
