@@ -88,6 +88,7 @@ def test_a_camera_is_recorded_as_video_of_the_replayed_frames(recorders, tmp_pat
     assert (image - truth).abs().mean() < 0.05
 
 
+@pytest.mark.slow  # two spawned processes import MuJoCo and build their scenes (~25 s)
 def test_frames_rendered_in_worker_processes_are_the_same_bytes(recorders, tmp_path) -> None:
     """Catches worker processes that render another episode, step or camera than the one
     the writer stores, or scenes that differ from this process's (`prepare --workers`):
