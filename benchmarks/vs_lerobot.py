@@ -11,7 +11,7 @@ import on the CPU torch). It is never a dependency of the project. lerobot's own
     python benchmarks/vs_lerobot.py speed DIR --updates 100 --pairs 2    # matched, alternated
     python benchmarks/vs_lerobot.py train-lerobot DIR --updates 8000 --out OUT  # resumable
     python benchmarks/vs_lerobot.py judge LEROBOT_RUN --ours OUR_RUN --seed 200000 --episodes 50
-    python benchmarks/vs_lerobot.py as-shipped DIR --minutes 45          # equal wall-clock
+    python benchmarks/vs_lerobot.py as-shipped DIR --minutes 45 --judge 50   # equal wall-clock
 
 `speed`: the matched configuration, one process each on the same cores (OMP_NUM_THREADS=1,
 one data worker, niced, memory bounded), ours and theirs alternated (the order swaps every

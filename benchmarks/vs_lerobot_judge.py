@@ -181,7 +181,8 @@ def judge(args: argparse.Namespace) -> None:
 def as_shipped(args: argparse.Namespace) -> None:
     """Both as each ships, the same wall-clock minutes each, one after the other (ours
     first), stopped by SIGTERM at the limit (ours then saves a snapshot; lerobot's newest
-    is its last `save_freq` one); then judge both (the command is printed).
+    is its last `save_freq` one); then, with `--judge N`, both judged on N test seeds
+    as `judge` does (else its command is printed).
 
     Ours: the recipe as written on 2 processes (batch 16 each, global 32), validation off.
     lerobot: ACT's defaults (dim 512, chunk 100, n_action_steps 100, the VAE, lr 1e-5,
@@ -202,9 +203,16 @@ def as_shipped(args: argparse.Namespace) -> None:
     for name, command, env in (("ours", ours, bench_env()),
                                ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1"))):
         bounded(command, out / f"{name}.log", env, limit)
-    print(f"trained {args.minutes} min each; judge with: python benchmarks/vs_lerobot.py "
-          f"judge {out}/lerobot/checkpoints/last --data {args.data} --ours {out}/ours "
-          f"--seed 200000 --episodes 50")
+    judging = argparse.Namespace(
+        lerobot_run=out / "lerobot" / "checkpoints" / "last", data=args.data, ours=out / "ours",
+        seed=args.seed, episodes=args.judge, batch=10, max_steps=400, out=out / "judge",
+        venv=args.venv)
+    if args.judge:
+        judge(judging)
+    else:
+        print(f"trained {args.minutes} min each; judge with: python benchmarks/vs_lerobot.py "
+              f"judge {judging.lerobot_run} --data {args.data} --ours {judging.ours} "
+              f"--seed {args.seed} --episodes 50 --out {judging.out}")
 
 
 def add_judge_commands(commands: argparse._SubParsersAction) -> None:
@@ -227,5 +235,8 @@ def add_judge_commands(commands: argparse._SubParsersAction) -> None:
     a.add_argument("data", type=Path)
     a.add_argument("--minutes", type=float, default=45)
     a.add_argument("--save-every", type=int, default=200, help="updates between snapshots")
+    a.add_argument("--judge", type=int, default=0, metavar="EPISODES",
+                   help="then judge both on this many test seeds (0: print the command)")
+    a.add_argument("--seed", type=int, default=200_000, help="the first test seed")
     a.add_argument("--out", type=Path, default=Path("/tmp/vs_lerobot_shipped"))
     a.set_defaults(func=as_shipped)
