@@ -112,6 +112,7 @@ def test_frames_rendered_in_worker_processes_are_the_same_bytes(recorders, tmp_p
 
         with LazyEpisodes(recorder, demos, ["top", "angle"], size, rendered,
                           workers=workers) as episodes:
+            assert (episodes.pool is not None) == (workers > 1)  # the processes are used
             write_dataset(tmp_path / f"w{workers}", episodes, spec, 50, robot_type="aloha",
                           episodes_per_file=2)
     assert counted == {1: 3 * 6 * 2, 2: 3 * 6 * 2}
