@@ -1,9 +1,10 @@
 """Our ALOHA camera recipe against lerobot 0.6.1's own `lerobot-train` ACT, on our dataset.
 
 lerobot lives only in a side venv (`bash ../shared/tools/lerobot-venv.sh VENV`, then
-`VENV/bin/pip install torchvision==0.28.0`: the real torchvision, whose only wheel on the
-registry is the CUDA 13 build; `torchvision_ops_shim` below lets its pure-Python models
-import on the CPU torch). It is never a dependency of the project. lerobot's own
+`VENV/bin/pip install torchvision==0.28.0 opencv-python-headless accelerate`: lerobot-train
+imports cv2 and accelerate, which the venv script leaves out; the real torchvision, whose
+only wheel on the registry is the CUDA 13 build; `torchvision_ops_shim` below lets its
+pure-Python models import on the CPU torch). It is never a dependency of the project. lerobot's own
 `LeRobotDataset` reads our recorded transfer-cube camera dataset
 (`python -m embodichain_models.data.aloha.prepare --task transfer_cube --episodes N
 --cameras top --size 120x160 DIR`).

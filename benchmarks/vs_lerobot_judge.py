@@ -139,11 +139,18 @@ def rates(records: list[dict]) -> dict[str, dict]:
     return out
 
 
-def judge_ours(run: Path, seed: int, episodes: int, out: Path) -> dict:
-    """Ours on the same seeds, through `embodichain eval` (its summary's metrics)."""
-    subprocess.run([sys.executable, "-m", "embodichain", "eval", str(run), "--seed",
-                    str(seed), "--episodes", str(episodes), "--out", str(out),
-                    "--no-progress"], check=True)
+def start_ours(run: Path, seed: int, episodes: int, out: Path) -> subprocess.Popen:
+    """Ours on the same seeds, through `embodichain eval`, started in the background (it
+    runs beside lerobot's episodes: each renders on about one core)."""
+    return subprocess.Popen([sys.executable, "-m", "embodichain", "eval", str(run), "--seed",
+                             str(seed), "--episodes", str(episodes), "--out", str(out),
+                             "--no-progress"])
+
+
+def ours_rates(eval_run: subprocess.Popen, out: Path) -> dict:
+    """The rates of ours' finished `embodichain eval` (its episodes.jsonl)."""
+    if eval_run.wait() != 0:
+        raise SystemExit(f"embodichain eval failed (exit {eval_run.returncode}): {out}")
     records = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()
                if line.strip()]
     flat = [{name: r.get(name, r.get("outcomes", {}).get(name)) for name in OUTCOMES}
@@ -170,9 +177,11 @@ def judge(args: argparse.Namespace) -> None:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     result = {}
-    if args.ours is not None:
-        result["ours"] = judge_ours(args.ours, args.seed, args.episodes, out / "ours_eval")
+    ours = (start_ours(args.ours, args.seed, args.episodes, out / "ours_eval")
+            if args.ours is not None else None)
     theirs = lerobot_child(args, out)
+    if ours is not None:
+        result["ours"] = ours_rates(ours, out / "ours_eval")
     result["lerobot"] = {k: v for k, v in theirs.items() if k != "episodes"}
     (out / "judge.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
@@ -187,7 +196,8 @@ def as_shipped(args: argparse.Namespace) -> None:
     Ours: the recipe as written on 2 processes (batch 16 each, global 32), validation off.
     lerobot: ACT's defaults (dim 512, chunk 100, n_action_steps 100, the VAE, lr 1e-5,
     batch 8, ImageNet statistics), the backbone from scratch (ImageNet weights are out of
-    reach here), one data worker (its default 4 would crowd 2 cores)."""
+    reach here), one data worker (its default 4 would crowd 2 cores), as many intra-op
+    threads as cores (torch's default in one process)."""
     from common import bench_env
     from vs_lerobot import bounded, lerobot_command, torchvision_ops_shim, train_sl
 
@@ -195,13 +205,17 @@ def as_shipped(args: argparse.Namespace) -> None:
     limit = int(args.minutes * 60)
     shim = torchvision_ops_shim(out / "tvops")
     ours = train_sl({"data.root": args.data.resolve(), "trainer.output_dir": out / "ours",
-                     "trainer.save_every": args.save_every, "trainer.validate_every": 0,
-                     "device": "cpu"}, "--nproc-per-node", "2")
+                     "trainer.validate_every": 0,
+                     "trainer.save_best": False, "device": "cpu"}, "--nproc-per-node", "2")
+    # lerobot trains in one process: as shipped, torch's intra-op threads span the cores
+    # (ours: one thread in each of its processes, one process a core)
+    threads = str(len(os.sched_getaffinity(0)))
     theirs = lerobot_command(args.venv, args.data.resolve(), out / "lerobot", 100_000, 50, [])
     theirs = [a if not a.startswith("--save_freq") else f"--save_freq={args.save_every}"
               for a in theirs]
     for name, command, env in (("ours", ours, bench_env()),
-                               ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1"))):
+                               ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1",
+                                                             OMP_NUM_THREADS=threads))):
         bounded(command, out / f"{name}.log", env, limit)
     judging = argparse.Namespace(
         lerobot_run=out / "lerobot" / "checkpoints" / "last", data=args.data, ours=out / "ours",
@@ -234,7 +248,9 @@ def add_judge_commands(commands: argparse._SubParsersAction) -> None:
     a = commands.add_parser("as-shipped", help="each as it ships, equal wall-clock")
     a.add_argument("data", type=Path)
     a.add_argument("--minutes", type=float, default=45)
-    a.add_argument("--save-every", type=int, default=200, help="updates between snapshots")
+    a.add_argument("--save-every", type=int, default=100,
+                   help="updates between lerobot's snapshots (~600 MB each); ours saves at "
+                        "the limit")
     a.add_argument("--judge", type=int, default=0, metavar="EPISODES",
                    help="then judge both on this many test seeds (0: print the command)")
     a.add_argument("--seed", type=int, default=200_000, help="the first test seed")
