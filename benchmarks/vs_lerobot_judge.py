@@ -179,7 +179,12 @@ def judge(args: argparse.Namespace) -> None:
     result = {}
     ours = (start_ours(args.ours, args.seed, args.episodes, out / "ours_eval")
             if args.ours is not None else None)
-    theirs = lerobot_child(args, out)
+    try:
+        theirs = lerobot_child(args, out)
+    except BaseException:  # a failed or interrupted child: leave no eval running behind
+        if ours is not None:
+            ours.kill()
+        raise
     if ours is not None:
         result["ours"] = ours_rates(ours, out / "ours_eval")
     result["lerobot"] = {k: v for k, v in theirs.items() if k != "episodes"}
