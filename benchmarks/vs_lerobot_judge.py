@@ -210,14 +210,13 @@ def as_shipped(args: argparse.Namespace) -> None:
     limit = int(args.minutes * 60)
     shim = torchvision_ops_shim(out / "tvops")
     ours = train_sl({"data.root": args.data.resolve(), "trainer.output_dir": out / "ours",
-                     "trainer.validate_every": 0,
-                     "trainer.save_best": False, "device": "cpu"}, "--nproc-per-node", "2")
+                     "trainer.validate_every": 0, "trainer.save_best": False,
+                     "device": "cpu"}, "--nproc-per-node", "2")
     # lerobot trains in one process: as shipped, torch's intra-op threads span the cores
     # (ours: one thread in each of its processes, one process a core)
     threads = str(len(os.sched_getaffinity(0)))
-    theirs = lerobot_command(args.venv, args.data.resolve(), out / "lerobot", 100_000, 50, [])
-    theirs = [a if not a.startswith("--save_freq") else f"--save_freq={args.save_every}"
-              for a in theirs]
+    theirs = lerobot_command(args.venv, args.data.resolve(), out / "lerobot", 100_000, 50, [],
+                             save_every=args.save_every)
     for name, command, env in (("ours", ours, bench_env()),
                                ("lerobot", theirs, bench_env(shim, HF_HUB_OFFLINE="1",
                                                              OMP_NUM_THREADS=threads))):
