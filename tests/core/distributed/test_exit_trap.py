@@ -4,7 +4,10 @@ threads running: when a DistributedDataParallel object outlives the group (seen 
 launches of a plain 2-worker gloo script), and when `torch.distributed.nn.functional`, which
 torch.optim imports lazily, is first imported after the group exists and binds it as default
 arguments (about 1 in 30 long runs on a busy machine, R-PROC-2). The framework releases the
-DDP wrapper before destroying the group and imports that module first.
+DDP wrapper before destroying the group and imports that module first. A third: the group
+dying on one of its own gloo threads, whose destructor then joins itself (SIGABRT, "Resource
+deadlock avoided"; 1 CI run in 3 on a loaded machine): the DDP communication hook's future
+callback, dropped on that thread, must hold nothing that holds the group.
 
 Either trap leaves the group's gloo threads running after the run, which
 `test_no_gloo_thread_is_left_after_a_run` sees in every launch (no luck needed). The
@@ -16,6 +19,7 @@ rank and record identical metrics; counting rare aborts over many runs is the jo
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +31,7 @@ from tests.support import (
     SCRIPTS,
     run_python_module,
     run_torchrun,
+    worker_env,
 )
 
 LAUNCHES = 2  # one pair, two at a time: two runs' workers racing each other at all
@@ -46,6 +51,19 @@ def test_no_gloo_thread_is_left_after_a_run(tmp_path: Path) -> None:
                              str(tmp_path / "run"))  # a script: its workers are fresh
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("gloo threads left: []") == 2, proc.stdout + proc.stderr
+
+
+def test_the_reduce_state_holding_the_group_dies_on_the_main_thread() -> None:
+    """Catches a communication hook whose future callback holds the reduce state (and so the
+    group): gloo's worker thread, descheduled before it drops the callback, then frees the
+    state itself, after `release()` (5-9 of 30 rounds a rank, with both ranks pinned to one
+    CPU by tests/scripts/reduce_state_lifetime.py; 0 with the callback holding the result only),
+    and after `destroy_process_group` the group with it, joining its own thread."""
+    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p)
+    proc = run_torchrun(module="reduce_state_lifetime", env=worker_env(PYTHONPATH=path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: freed on other threads: 0 of 30" in proc.stdout, proc.stdout
 
 
 def comparable(metrics: Path) -> list[dict]:

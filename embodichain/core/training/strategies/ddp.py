@@ -45,13 +45,19 @@ _NO_BUFFER_SYNC = ({"forward_sync_buffers": False} if "forward_sync_buffers" in 
                    else {"broadcast_buffers": False})
 
 
+class _Reduced:
+    """The global statistics of the last update, written by the hook's future."""
+
+    value: torch.Tensor | None = None
+
+
 class _ReduceState:
     """What the communication hook reads (local statistics) and writes (global ones)."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
         self.local: torch.Tensor | None = None
-        self.reduced: torch.Tensor | None = None
+        self.reduced = _Reduced()
 
 
 def _weighted_allreduce_hook(state, bucket):  # DDP checks these annotations at run time
@@ -60,10 +66,15 @@ def _weighted_allreduce_hook(state, bucket):  # DDP checks these annotations at 
     n = grads.numel()
     packed = torch.cat([grads, state.local.to(grads.dtype)])
     work = dist.all_reduce(packed, group=state.group, async_op=True)
+    # `finish` runs on gloo's worker thread, which lets go of it when it next gets the GIL,
+    # maybe after `release()` and the group's destruction: were it to hold the state (and so
+    # the group), the group's last reference would go there, and its destructor would join
+    # that very thread (SIGABRT, "Resource deadlock avoided"). It holds the result only.
+    reduced = state.reduced
 
     def finish(fut: torch.futures.Future[Any]) -> torch.Tensor:
         total = fut.value()[0]
-        state.reduced = total[n:]
+        reduced.value = total[n:]
         weight = total[n].clamp_min(torch.finfo(total.dtype).tiny)  # zero weight: zero grads
         return total[:n].div_(weight)
 
@@ -122,7 +133,7 @@ class DdpStrategy(Strategy):
 
     def reduce(self, totals: torch.Tensor) -> torch.Tensor:
         if self._ddp is not None:
-            return self._reduce.reduced
+            return self._reduce.reduced.value
         # One process: the same arithmetic, locally.
         weight = totals[0].clamp_min(torch.finfo(totals.dtype).tiny)
         grads = [p.grad for p in self._parameters if p.grad is not None]
