@@ -369,3 +369,16 @@ def test_the_insertion_recipe_is_the_transfer_cube_recipe_on_other_data() -> Non
     assert differing == {"data.root", "data.task", "evaluation.env.id",
                          "evaluation.env.kwargs.task", "trainer.output_dir"}
     assert insertion["data.task"] == insertion["evaluation.env.kwargs.task"] == "insertion"
+
+
+def test_init_writes_the_example_recipe(tmp_path: Path) -> None:
+    """Catches the packaged copy (`embodichain init aloha_diffusion`, which docs/diffusion.md
+    calls the same recipe) left behind when the example is retuned: it once kept epsilon
+    prediction, keypoints and lr 1e-4 after the example had moved on."""
+    import yaml
+
+    from tests.support.cli import invoke
+
+    assert invoke("init", "aloha_diffusion", str(tmp_path / "r.yaml")).exit_code == 0
+    written = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert written == yaml.safe_load(DIFFUSION_EXAMPLE.read_text())
