@@ -33,6 +33,7 @@ import multiprocessing
 import random
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -340,8 +341,16 @@ class BatchLoader:
         else:
             first = str(what).strip().splitlines()[0] if str(what).strip() else ""
             died = "worker" in first and ("killed" in first or "exited" in first)
+            # A worker killed while it sends a batch breaks the transfer before torch's own
+            # checks see the death: the rank then reads ConnectionResetError or EOFError.
+            dead = (self._dead_workers() if isinstance(what, (ConnectionError, EOFError))
+                    else [])
             if died:
                 subject = f"a data worker process died ({where}): {first}"
+            elif dead:
+                subject = (f"a data worker process died ({where}): DataLoader worker (pid(s) "
+                           f"{', '.join(map(str, dead))}) exited unexpectedly, breaking off "
+                           f"the batch it sent ({type(what).__name__})")
             elif first.startswith("DataLoader timed out"):
                 subject = (f"a data worker hangs ({where}): no batch came within "
                            f"{self.worker_timeout_s:g} s (half of trainer.collective_timeout); "
@@ -349,6 +358,17 @@ class BatchLoader:
             else:
                 subject = f"loading a batch failed ({where}): {type(what).__name__}: {first}"
         return DataFailure(subject)
+
+    def _dead_workers(self, wait_s: float = 1.0) -> list[int]:
+        """Pids of this loader's worker processes that have ended (waiting up to `wait_s`
+        for the exit of one whose connection already broke)."""
+        workers = list(getattr(self._iterator, "_workers", ()))
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [w.pid for w in workers if w.exitcode is not None]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
 
     def close(self) -> None:
         """Stop the worker processes (prefetched batches are dropped, never counted)."""
