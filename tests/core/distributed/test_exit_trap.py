@@ -19,7 +19,6 @@ rank and record identical metrics; counting rare aborts over many runs is the jo
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -59,8 +58,8 @@ def test_the_reduce_state_holding_the_group_dies_on_the_main_thread() -> None:
     state itself, after `release()` (5-9 of 30 rounds a rank, with both ranks pinned to one
     CPU by tests/scripts/reduce_state_lifetime.py; 0 with the callback holding the result only),
     and after `destroy_process_group` the group with it, joining its own thread."""
-    path = os.pathsep.join(p for p in (str(SCRIPTS), os.environ.get("PYTHONPATH")) if p)
-    proc = run_torchrun(module="reduce_state_lifetime", env=worker_env(PYTHONPATH=path))
+    # worker_env puts the caller's PYTHONPATH after SCRIPTS itself
+    proc = run_torchrun(module="reduce_state_lifetime", env=worker_env(PYTHONPATH=str(SCRIPTS)))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         assert f"rank {rank}: freed on other threads: 0 of 30" in proc.stdout, proc.stdout
