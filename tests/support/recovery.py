@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,7 @@ RECOVERY = TESTS / "recovery"  # the recovery factories, kill points and drivers
 
 def factory_env(**extra: str) -> dict[str, str]:
     """Worker environment in which `recovery_factories:NAME` resolves."""
-    path = os.pathsep.join(p for p in (str(RECOVERY), os.environ.get("PYTHONPATH")) if p)
-    return worker_env(PYTHONPATH=path, **extra)
+    return worker_env(PYTHONPATH=str(RECOVERY), **extra)
 
 
 def metrics(directory: Path) -> list[dict[str, Any]]:

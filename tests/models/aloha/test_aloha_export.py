@@ -121,8 +121,7 @@ def test_the_checkpoint_alone_exports_and_its_demonstration_seeds_are_refused(
     try:
         assert_ok(run_python_module("without_sim", "embodichain", "export", str(act_run),
                                     "--policy", str(artifact),
-                                    env=worker_env(PYTHONPATH=os.pathsep.join(
-                                        [str(HERE), os.environ.get("PYTHONPATH", "")])),
+                                    env=worker_env(PYTHONPATH=str(HERE)),
                                     fresh=True))
     finally:
         (root / "data_gone").rename(root / "data")
