@@ -341,13 +341,12 @@ class BatchLoader:
         else:
             first = str(what).strip().splitlines()[0] if str(what).strip() else ""
             died = "worker" in first and ("killed" in first or "exited" in first)
-            # A worker killed while it sends a batch breaks the transfer before torch's own
-            # checks see the death: the rank then reads ConnectionResetError or EOFError.
-            dead = (self._dead_workers() if isinstance(what, (ConnectionError, EOFError))
-                    else [])
             if died:
                 subject = f"a data worker process died ({where}): {first}"
-            elif dead:
+            # A worker killed while it sends a batch breaks the transfer before torch's own
+            # checks see the death: the rank then reads ConnectionResetError or EOFError.
+            elif (isinstance(what, (ConnectionError, EOFError))
+                  and (dead := self._dead_workers())):
                 subject = (f"a data worker process died ({where}): DataLoader worker (pid(s) "
                            f"{', '.join(map(str, dead))}) exited unexpectedly, breaking off "
                            f"the batch it sent ({type(what).__name__})")
